@@ -1,0 +1,41 @@
+// `cohort`: the one command-line tool. `cohort --help` lists the verbs.
+#include <cstdio>
+#include <map>
+
+#include "cohort/core/error.h"
+#include "verbs.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Cohort: distributed training of convolutional networks, from one GPU to clusters"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "cohort 0.1.0");
+  std::map<CLI::App*, cohort::cli::Run> runs;
+
+  CLI::App* launch =
+      app.add_subcommand("launch", "Start N local ranks of a program (torchrun-style)");
+  runs[launch] = cohort::cli::add_launch(*launch);
+
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: comm");
+  bench->require_subcommand(1);
+  CLI::App* bench_comm =
+      bench->add_subcommand("comm", "Collective bandwidth and latency, nccl-tests style");
+  runs[bench_comm] = cohort::cli::add_bench_comm(*bench_comm);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [cmd, run] : runs) {
+      if (cmd->parsed()) return run();
+    }
+  } catch (const cohort::Error& e) {
+    std::fprintf(stderr, "cohort: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cohort: error: %s\n", e.what());
+    return 1;
+  }
+  return 1;
+}

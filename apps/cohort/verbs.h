@@ -1,0 +1,15 @@
+// Each verb of the `cohort` CLI registers its options on a CLI11 subcommand and returns the
+// function that runs it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace cohort::cli {
+
+using Run = std::function<int()>;
+
+Run add_launch(CLI::App& app);
+Run add_bench_comm(CLI::App& bench);
+
+}  // namespace cohort::cli

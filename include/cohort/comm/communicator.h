@@ -1,0 +1,111 @@
+// The collective-communication API. A Communicator is a group of ranks; every collective
+// returns a Work handle at once and runs, in issue order, on the communicator's progress thread.
+// Two backends implement it: Cohort's own engine (shared memory + TCP) and `mpi`.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/types.h"
+
+namespace cohort::comm {
+
+// Algorithms a collective may run; `automatic` lets the cost model pick per call.
+enum class Algo { automatic, ring, recursive_doubling, rabenseifner, hierarchical, tree, direct };
+const char* algo_name(Algo a);
+Algo parse_algo(const std::string& s);
+
+struct CollOptions {
+  Algo algo = Algo::automatic;  // COHORT_ALGO overrides automatic
+};
+
+// What the job looks like from this process: read from cohort launch / torchrun, Open MPI or
+// Slurm variables (see docs/comm.md).
+struct JobEnv {
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;
+  int local_world = 1;
+  std::string master_addr = "127.0.0.1";
+  uint16_t master_port = 29500;
+  std::string token;
+  bool store_external = false;  // the launcher hosts the store; rank 0 must not
+  std::string launcher;         // cohort | torchrun | mpirun | slurm | single
+};
+JobEnv detect_job_env();
+
+class WorkState;
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<WorkState> s) : s_(std::move(s)) {}
+  // Blocks until the collective finished; rethrows its error (CommError, TimeoutError, ...).
+  void wait();
+  bool test();                           // true once finished (successfully or not)
+  const std::string& algorithm() const;  // what the engine ran, for reports
+
+ private:
+  std::shared_ptr<WorkState> s_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int local_rank() const = 0;  // among the ranks of this host
+  virtual int local_size() const = 0;
+  virtual int num_hosts() const = 0;
+  virtual const std::string& host() const = 0;
+  virtual std::string describe() const = 0;  // backend, transports, algorithm policy
+
+  // count: elements per rank buffer. recv may equal send (in place) unless stated otherwise.
+  virtual Work allreduce(const void* send, void* recv, size_t count, DataType t, RedOp op,
+                         CollOptions o = {}) = 0;
+  // send holds size()*count elements; recv receives this rank's count-element block.
+  virtual Work reduce_scatter(const void* send, void* recv, size_t count, DataType t, RedOp op,
+                              CollOptions o = {}) = 0;
+  // send holds count elements; recv receives size()*count, ordered by rank.
+  virtual Work allgather(const void* send, void* recv, size_t count, DataType t,
+                         CollOptions o = {}) = 0;
+  // root's send is copied to every rank's recv.
+  virtual Work broadcast(const void* send, void* recv, size_t count, DataType t, int root,
+                         CollOptions o = {}) = 0;
+  // the reduction lands in root's recv (others' recv is untouched and may be null).
+  virtual Work reduce(const void* send, void* recv, size_t count, DataType t, RedOp op, int root,
+                      CollOptions o = {}) = 0;
+  // block j of send (count elements) goes to rank j; block i of recv came from rank i.
+  virtual Work alltoall(const void* send, void* recv, size_t count, DataType t,
+                        CollOptions o = {}) = 0;
+  // root's recv receives size()*count, ordered by rank.
+  virtual Work gather(const void* send, void* recv, size_t count, DataType t, int root,
+                      CollOptions o = {}) = 0;
+  // block i of root's send goes to rank i's recv.
+  virtual Work scatter(const void* send, void* recv, size_t count, DataType t, int root,
+                       CollOptions o = {}) = 0;
+  virtual Work send(const void* data, size_t count, DataType t, int peer) = 0;
+  virtual Work recv(void* data, size_t count, DataType t, int peer) = 0;
+  virtual Work barrier() = 0;
+
+  // Ranks with the same color form a new communicator, ordered by (key, rank); color < 0 gets
+  // nullptr. Collective over this communicator.
+  virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+
+  // Tears the communicator down without waiting for peers: pending and later calls fail, and
+  // the peers' waits fail promptly too.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+struct InitOptions {
+  std::chrono::milliseconds timeout{0};  // 0: COHORT_TIMEOUT seconds, default 300
+  std::string backend;                   // "" : COHORT_BACKEND, default "cohort"
+};
+
+// Creates the world communicator from the environment (see JobEnv).
+std::shared_ptr<Communicator> init(const InitOptions& opt = {});
+
+}  // namespace cohort::comm

@@ -1,0 +1,30 @@
+// Element types and reduction operators of the collective library.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace cohort::comm {
+
+enum class DataType : uint8_t { f32 = 0, f64, f16, bf16, i32, i64, u8 };
+enum class RedOp : uint8_t { sum = 0, prod, min, max, avg };
+
+inline constexpr DataType kAllDataTypes[] = {DataType::f32,  DataType::f64, DataType::f16,
+                                             DataType::bf16, DataType::i32, DataType::i64,
+                                             DataType::u8};
+inline constexpr RedOp kAllRedOps[] = {RedOp::sum, RedOp::prod, RedOp::min, RedOp::max, RedOp::avg};
+
+size_t dtype_size(DataType t);
+const char* dtype_name(DataType t);
+const char* redop_name(RedOp op);
+DataType parse_dtype(const std::string& s);  // throws naming the value
+RedOp parse_redop(const std::string& s);
+
+// IEEE half and bfloat16 conversions (round to nearest even).
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+
+}  // namespace cohort::comm

@@ -1,0 +1,148 @@
+// allreduce: ring (bandwidth), recursive doubling (latency), Rabenseifner's halving-doubling
+// (both), and hierarchical (inside hosts over shared memory, across hosts over the network).
+#include <cstring>
+
+#include "../engine.h"
+#include "cohort/comm/reduce.h"
+#include "cohort/core/error.h"
+
+namespace cohort::comm::detail {
+
+namespace {
+
+int pow2_floor(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+// Non-power-of-two groups fold the first 2*rem ranks in pairs (even into odd) so that a
+// power-of-two core runs the algorithm; returns this rank's index in the core or -1.
+int fold_in(Engine& e, const Group& g, uint8_t* buf, size_t bytes, int p) {
+  const int rem = g.size() - p, i = g.me;
+  if (i < 2 * rem) {
+    if (i % 2 == 0) {
+      e.exchange({{g.at(i + 1), buf, bytes}}, {});
+      return -1;
+    }
+    e.exchange({}, {{g.at(i - 1), buf, bytes, buf}});
+    return i / 2;
+  }
+  return i - rem;
+}
+
+void fold_out(Engine& e, const Group& g, uint8_t* buf, size_t bytes, int p) {
+  const int rem = g.size() - p, i = g.me;
+  if (i < 2 * rem) {
+    if (i % 2 == 0) {
+      e.exchange({}, {{g.at(i + 1), buf, bytes}});
+    } else {
+      e.exchange({{g.at(i - 1), buf, bytes}}, {});
+    }
+  }
+}
+
+int core_rank(const Group& g, int p, int ni) {
+  const int rem = g.size() - p;
+  return g.at(ni < rem ? ni * 2 + 1 : ni + rem);
+}
+
+}  // namespace
+
+void recursive_doubling_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t count) {
+  const size_t bytes = count * e.esize();
+  if (g.size() == 1) return;
+  const int p = pow2_floor(g.size());
+  const int ni = fold_in(e, g, buf, bytes, p);
+  if (ni >= 0) {
+    // Receive into scratch: the send reads buf while the partner's data arrive.
+    auto* tmp = static_cast<uint8_t*>(e.scratch(bytes, 0));
+    for (int d = 1; d < p; d *= 2) {
+      const int partner = core_rank(g, p, ni ^ d);
+      e.exchange({{partner, buf, bytes}}, {{partner, tmp, bytes}});
+      e.reduce_into(buf, buf, tmp, count);
+    }
+  }
+  fold_out(e, g, buf, bytes, p);
+}
+
+void rabenseifner_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t count) {
+  const size_t es = e.esize();
+  if (g.size() == 1) return;
+  const int p = pow2_floor(g.size());
+  const int ni = fold_in(e, g, buf, count * es, p);
+  if (ni >= 0) {
+    auto off = [&](int blk) { return block_offset(count, p, blk) * es; };
+    int lo = 0, hi = p;
+    for (int d = p / 2; d >= 1; d /= 2) {  // recursive halving: reduce-scatter
+      const int partner = core_rank(g, p, ni ^ d);
+      const int mid = lo + d;
+      int keep_lo = lo, keep_hi = mid, send_lo = mid, send_hi = hi;
+      if (ni & d) std::swap(keep_lo, send_lo), std::swap(keep_hi, send_hi);
+      e.exchange({{partner, buf + off(send_lo), off(send_hi) - off(send_lo)}},
+                 {{partner, buf + off(keep_lo), off(keep_hi) - off(keep_lo), buf + off(keep_lo)}});
+      lo = keep_lo;
+      hi = keep_hi;
+    }
+    for (int d = 1; d < p; d *= 2) {  // recursive doubling: allgather
+      const int partner = core_rank(g, p, ni ^ d);
+      const int plo = lo ^ d;
+      e.exchange({{partner, buf + off(lo), off(lo + d) - off(lo)}},
+                 {{partner, buf + off(plo), off(plo + d) - off(plo)}});
+      lo = std::min(lo, plo);
+    }
+  }
+  fold_out(e, g, buf, count * es, p);
+}
+
+void allreduce(Engine& e, const void* in_v, void* out_v, size_t count, Algo algo) {
+  auto* in = static_cast<const uint8_t*>(in_v);
+  auto* out = static_cast<uint8_t*>(out_v);
+  const size_t bytes = count * e.esize();
+  if (algo == Algo::automatic) algo = choose(Collective::allreduce, e.topology(), bytes);
+  if (algo == Algo::hierarchical && (e.topology().num_hosts < 2 || !e.hosts_uniform())) {
+    algo = Algo::ring;
+  }
+  switch (algo) {
+    case Algo::ring: {
+      Group g = e.world();
+      ring_reduce_scatter(e, g, in, out, count);
+      ring_allgather(e, g, out, count, (g.me + 1) % g.size());
+      break;
+    }
+    case Algo::hierarchical: {
+      Group lg = e.local(), cg = e.cross();
+      ring_reduce_scatter(e, lg, in, out, count);
+      const int blk = (lg.me + 1) % lg.size();
+      const size_t bo = block_offset(count, lg.size(), blk),
+                   bc = block_count(count, lg.size(), blk);
+      const size_t bb = bc * e.esize();
+      uint8_t* part = out + bo * e.esize();
+      // Across hosts every local rank moves its own 1/L of the data at once.
+      Topology across = Topology::uniform(cg.size(), 1);
+      across.net = e.topology().net;
+      if (choose(Collective::allreduce, across, bb) == Algo::ring) {
+        ring_reduce_scatter(e, cg, part, part, bc);
+        ring_allgather(e, cg, part, bc, (cg.me + 1) % cg.size());
+      } else {
+        recursive_doubling_allreduce(e, cg, part, bc);
+      }
+      ring_allgather(e, lg, out, count, blk);
+      break;
+    }
+    case Algo::recursive_doubling:
+    case Algo::tree:
+      if (in != out) std::memcpy(out, in, bytes);
+      recursive_doubling_allreduce(e, e.world(), out, count);
+      break;
+    case Algo::rabenseifner:
+      if (in != out) std::memcpy(out, in, bytes);
+      rabenseifner_allreduce(e, e.world(), out, count);
+      break;
+    default:
+      COHORT_THROW("allreduce has no algorithm '" << algo_name(algo) << "'");
+  }
+  if (e.desc().op == RedOp::avg) divide(out, count, e.desc().dtype, e.size());
+}
+
+}  // namespace cohort::comm::detail

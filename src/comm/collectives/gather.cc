@@ -1,0 +1,24 @@
+// gather: the root receives from every rank at once.
+#include <cstring>
+
+#include "../engine.h"
+
+namespace cohort::comm::detail {
+
+void gather(Engine& e, const void* in, void* out_v, size_t count, int root) {
+  const int n = e.size(), me = e.rank();
+  const size_t bytes = count * e.esize();
+  if (me != root) {
+    e.exchange({{root, in, bytes}}, {});
+    return;
+  }
+  auto* out = static_cast<uint8_t*>(out_v);
+  std::memmove(out + static_cast<size_t>(me) * bytes, in, bytes);
+  std::vector<RecvOp> recvs;
+  for (int i = 0; i < n; ++i) {
+    if (i != me) recvs.push_back({i, out + static_cast<size_t>(i) * bytes, bytes});
+  }
+  if (!recvs.empty()) e.exchange({}, recvs);
+}
+
+}  // namespace cohort::comm::detail

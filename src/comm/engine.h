@@ -1,0 +1,105 @@
+// The engine the collective algorithms are written against: ranks grouped into Groups,
+// one `exchange` primitive (a set of concurrent sends and receives, optionally reducing on
+// arrival), and the description of the collective in flight, which rides in every message
+// header so that mismatched calls are caught.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/communicator.h"
+#include "cohort/comm/cost_model.h"
+#include "cohort/comm/types.h"
+
+namespace cohort::comm::detail {
+
+using Coll = Collective;
+
+struct CollDesc {
+  Coll coll = Coll::barrier;
+  DataType dtype = DataType::u8;
+  RedOp op = RedOp::sum;
+  uint32_t seq = 0;
+  uint32_t root = 0;
+  uint64_t count = 0;
+  std::string str() const;
+};
+
+// An ordered subset of the communicator's ranks (rings and trees run over groups).
+struct Group {
+  std::vector<int> ranks;
+  int me = 0;  // this rank's index in `ranks`
+  int size() const { return static_cast<int>(ranks.size()); }
+  int at(int i) const { return ranks[static_cast<size_t>(i)]; }
+};
+
+struct SendOp {
+  int peer;
+  const void* data;
+  size_t bytes;
+};
+
+struct RecvOp {
+  int peer;
+  void* dst;
+  size_t bytes;
+  const void* local = nullptr;  // if set: dst = local (op) incoming, elementwise
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const CollDesc& desc() const = 0;
+  virtual void exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs) = 0;
+  virtual const Topology& topology() const = 0;
+  // Scratch memory owned by the engine, reused across calls; slot selects independent buffers.
+  virtual void* scratch(size_t bytes, int slot) = 0;
+
+  size_t esize() const { return dtype_size(desc().dtype); }
+  void reduce_into(void* dst, const void* a, const void* b, size_t count) const;
+  Group world() const;         // ordered by (host, rank) so that rings cross hosts least
+  Group natural() const;       // ordered by rank
+  Group local() const;         // this host's ranks
+  Group cross() const;         // the ranks with this local index, one per host
+  bool hosts_uniform() const;  // every host has the same number of ranks
+};
+
+// Partition of count elements into n nearly equal blocks (the first count % n get one more).
+inline size_t block_offset(size_t count, int n, int i) {
+  size_t q = count / static_cast<size_t>(n), r = count % static_cast<size_t>(n);
+  size_t ii = static_cast<size_t>(i);
+  return ii * q + std::min(ii, r);
+}
+inline size_t block_count(size_t count, int n, int i) {
+  return block_offset(count, n, i + 1) - block_offset(count, n, i);
+}
+
+// Algorithms (collectives/*.cc). Buffers are byte pointers; counts are elements.
+void allreduce(Engine& e, const void* in, void* out, size_t count, Algo algo);
+void reduce_scatter(Engine& e, const void* in, void* out, size_t count, Algo algo);
+void allgather(Engine& e, const void* in, void* out, size_t count, Algo algo);
+void broadcast(Engine& e, const void* in, void* out, size_t count, int root, Algo algo);
+void reduce(Engine& e, const void* in, void* out, size_t count, int root, Algo algo);
+void alltoall(Engine& e, const void* in, void* out, size_t count);
+void gather(Engine& e, const void* in, void* out, size_t count, int root);
+void scatter(Engine& e, const void* in, void* out, size_t count, int root);
+void barrier(Engine& e);
+
+// Building blocks shared by several collectives, over any group.
+// Ring reduce-scatter of `count` elements split into g.size() blocks: afterwards block
+// (g.me + 1 - shift) % n of out is fully reduced. `in` may equal `out`.
+void ring_reduce_scatter(Engine& e, const Group& g, const uint8_t* in, uint8_t* out, size_t count,
+                         int shift = 0);
+// Ring allgather of the blocks of buf; this rank starts holding block `have`.
+void ring_allgather(Engine& e, const Group& g, uint8_t* buf, size_t count, int have);
+void recursive_doubling_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t count);
+void rabenseifner_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t count);
+void tree_broadcast(Engine& e, const Group& g, uint8_t* buf, size_t bytes, int root_index);
+void tree_reduce(Engine& e, const Group& g, const uint8_t* in, uint8_t* out, size_t count,
+                 int root_index);
+
+}  // namespace cohort::comm::detail
