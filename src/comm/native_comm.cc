@@ -252,21 +252,42 @@ std::shared_ptr<NativeComm> NativeComm::init_world(const JobEnv& env, Settings s
   }
   Store store(Endpoint{env.master_addr, env.master_port}, env.token, s.timeout);
   // Every rank must agree on the world size, and each rank index must be claimed once.
+  // A rank that finds the job inconsistent publishes why, so that the others fail with the
+  // same reason instead of a bare timeout.
+  auto refuse = [&](const std::string& why) {
+    try {
+      store.with_timeout(std::chrono::milliseconds(2000)).compare_set("abort", "", why);
+    } catch (const std::exception&) {
+    }
+    COHORT_THROW_AS(CommError, why);
+  };
   std::string agreed = store.compare_set("world_size", "", std::to_string(env.world));
   if (agreed != std::to_string(env.world)) {
-    COHORT_THROW_AS(CommError, "rank " << env.rank << " was started with world size " << env.world
-                                       << " but other ranks registered world size " << agreed);
+    refuse("rank " + std::to_string(env.rank) + " was started with world size " +
+           std::to_string(env.world) + " but other ranks registered world size " + agreed);
   }
   std::string who = me.host + " pid " + std::to_string(me.pid);
   std::string owner = store.compare_set("rank/" + std::to_string(env.rank), "", who);
   if (owner != who) {
-    COHORT_THROW_AS(CommError,
-                    "rank " << env.rank << " is claimed twice: by " << owner << " and by " << who);
+    refuse("rank " + std::to_string(env.rank) + " is claimed twice: by " + owner + " and by " +
+           who);
   }
   store.set("peer/" + std::to_string(env.rank), me.host + "\n" + std::to_string(me.pid));
   std::vector<PeerDesc> members;
+  const auto deadline = Clock::now() + s.timeout;
   for (int r = 0; r < env.world; ++r) {
-    std::string v = store.get("peer/" + std::to_string(r));
+    std::optional<std::string> got;
+    while (!(got = store.get_for("peer/" + std::to_string(r), std::chrono::milliseconds(200)))) {
+      if (auto why = store.get_for("abort", std::chrono::milliseconds(0))) {
+        COHORT_THROW_AS(CommError, "rank " << env.rank << ": the job failed to start: " << *why);
+      }
+      if (Clock::now() > deadline) {
+        COHORT_THROW_AS(TimeoutError, "rank "
+                                          << env.rank << ": rank " << r << " did not join within "
+                                          << s.timeout.count() / 1000.0 << " s (COHORT_TIMEOUT)");
+      }
+    }
+    std::string v = *got;
     auto nl = v.find('\n');
     members.push_back(PeerDesc{r, v.substr(0, nl), std::atoi(v.c_str() + nl + 1)});
   }

@@ -1,0 +1,373 @@
+// Every collective x type x op across real rank processes, checked against a reference
+// computed independently in double precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cohort/comm/communicator.h"
+#include "cohort/comm/types.h"
+#include "testing/ranks.h"
+
+using namespace cohort::comm;
+using cohort::testing::expect_all_ok;
+using cohort::testing::run_ranks;
+using cohort::testing::RunOptions;
+
+namespace {
+
+// Unaligned-safe element access.
+double load(DataType t, const uint8_t* p, size_t i) {
+  const uint8_t* q = p + i * dtype_size(t);
+  switch (t) {
+    case DataType::f32: {
+      float v;
+      std::memcpy(&v, q, 4);
+      return v;
+    }
+    case DataType::f64: {
+      double v;
+      std::memcpy(&v, q, 8);
+      return v;
+    }
+    case DataType::f16: {
+      uint16_t v;
+      std::memcpy(&v, q, 2);
+      return f16_to_f32(v);
+    }
+    case DataType::bf16: {
+      uint16_t v;
+      std::memcpy(&v, q, 2);
+      return bf16_to_f32(v);
+    }
+    case DataType::i32: {
+      int32_t v;
+      std::memcpy(&v, q, 4);
+      return v;
+    }
+    case DataType::i64: {
+      int64_t v;
+      std::memcpy(&v, q, 8);
+      return static_cast<double>(v);
+    }
+    case DataType::u8:
+      return *q;
+  }
+  return 0;
+}
+
+void store(DataType t, uint8_t* p, size_t i, double v) {
+  uint8_t* q = p + i * dtype_size(t);
+  switch (t) {
+    case DataType::f32: {
+      float x = static_cast<float>(v);
+      std::memcpy(q, &x, 4);
+      break;
+    }
+    case DataType::f64:
+      std::memcpy(q, &v, 8);
+      break;
+    case DataType::f16: {
+      uint16_t x = f32_to_f16(static_cast<float>(v));
+      std::memcpy(q, &x, 2);
+      break;
+    }
+    case DataType::bf16: {
+      uint16_t x = f32_to_bf16(static_cast<float>(v));
+      std::memcpy(q, &x, 2);
+      break;
+    }
+    case DataType::i32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(q, &x, 4);
+      break;
+    }
+    case DataType::i64: {
+      int64_t x = static_cast<int64_t>(v);
+      std::memcpy(q, &x, 8);
+      break;
+    }
+    case DataType::u8:
+      *q = static_cast<uint8_t>(static_cast<int64_t>(v) & 0xff);
+      break;
+  }
+}
+
+// Inputs are small integers (exact in every type); negative ones for signed types.
+double input(DataType t, RedOp op, int rank, size_t i) {
+  if (op == RedOp::prod) return (rank + i) % 3 == 0 ? 2.0 : 1.0;
+  double v = static_cast<double>((rank * 7 + i * 3) % 11);
+  bool sign = t != DataType::u8;
+  return sign ? v - 4 : v;
+}
+
+double reference(DataType t, RedOp op, int n, size_t i) {
+  double acc = input(t, op, 0, i);
+  for (int r = 1; r < n; ++r) {
+    double v = input(t, op, r, i);
+    if (op == RedOp::sum || op == RedOp::avg) acc += v;
+    if (op == RedOp::prod) acc *= v;
+    if (op == RedOp::min) acc = std::min(acc, v);
+    if (op == RedOp::max) acc = std::max(acc, v);
+  }
+  if (t == DataType::u8) acc = static_cast<double>(static_cast<int64_t>(acc) & 0xff);
+  if (op == RedOp::avg) {
+    bool integer = t == DataType::i32 || t == DataType::i64 || t == DataType::u8;
+    acc = integer ? std::trunc(acc / n) : acc / n;
+  }
+  return acc;
+}
+
+bool near(DataType t, double got, double want) {
+  double tol =
+      (t == DataType::f16 || t == DataType::bf16) ? 1e-2 : (t == DataType::f32 ? 1e-6 : 1e-12);
+  if (t == DataType::i32 || t == DataType::i64 || t == DataType::u8) tol = 0;
+  return std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want));
+}
+
+// Buffers offset by one byte so that no element is aligned.
+struct Buf {
+  std::vector<uint8_t> v;
+  uint8_t* p;
+  explicit Buf(size_t bytes) : v(bytes + 17, 0xEE) { p = v.data() + 1; }
+};
+
+const size_t kCounts[] = {0, 1, 7, 13, 1031, 4099};
+
+void check_reductions(Communicator& c, DataType t, RedOp op, size_t count, bool in_place,
+                      Algo algo) {
+  const int n = c.size(), me = c.rank();
+  CollOptions o;
+  o.algo = algo;
+  const std::string what = std::string(dtype_name(t)) + " " + redop_name(op) + " count " +
+                           std::to_string(count) + (in_place ? " in-place" : "") + " algo " +
+                           algo_name(algo);
+  {  // allreduce
+    Buf in(count * dtype_size(t)), out(count * dtype_size(t));
+    for (size_t i = 0; i < count; ++i) store(t, in.p, i, input(t, op, me, i));
+    uint8_t* dst = in_place ? in.p : out.p;
+    c.allreduce(in.p, dst, count, t, op, o).wait();
+    for (size_t i = 0; i < count; ++i) {
+      REQUIRE(near(t, load(t, dst, i), reference(t, op, n, i)),
+              "allreduce " << what << " element " << i << ": got " << load(t, dst, i) << " want "
+                           << reference(t, op, n, i));
+    }
+  }
+  if (algo != Algo::automatic) return;
+  {  // reduce_scatter: rank r gets block r of the reduction of n*count elements
+    Buf in(count * n * dtype_size(t)), out(count * dtype_size(t));
+    for (size_t i = 0; i < count * n; ++i) store(t, in.p, i, input(t, op, me, i));
+    c.reduce_scatter(in.p, out.p, count, t, op).wait();
+    for (size_t i = 0; i < count; ++i) {
+      double want = reference(t, op, n, static_cast<size_t>(me) * count + i);
+      REQUIRE(near(t, load(t, out.p, i), want), "reduce_scatter " << what << " element " << i);
+    }
+  }
+  for (int root : {0, n - 1}) {  // reduce
+    for (Algo a : {Algo::tree, Algo::ring}) {
+      CollOptions ro;
+      ro.algo = a;
+      Buf in(count * dtype_size(t)), out(count * dtype_size(t));
+      for (size_t i = 0; i < count; ++i) store(t, in.p, i, input(t, op, me, i));
+      uint8_t* dst = in_place && me == root ? in.p : out.p;
+      c.reduce(in.p, dst, count, t, op, root, ro).wait();
+      if (me == root) {
+        for (size_t i = 0; i < count; ++i) {
+          REQUIRE(near(t, load(t, dst, i), reference(t, op, n, i)),
+                  "reduce root " << root << " " << algo_name(a) << " " << what << " element " << i);
+        }
+      }
+    }
+  }
+}
+
+void check_data_movement(Communicator& c, DataType t, size_t count) {
+  const int n = c.size(), me = c.rank();
+  const size_t es = dtype_size(t);
+  const RedOp op = RedOp::sum;  // only selects the input pattern
+  for (Algo a : {Algo::automatic, Algo::ring, Algo::recursive_doubling}) {  // allgather
+    CollOptions o;
+    o.algo = a;
+    Buf in(count * es), out(count * n * es);
+    for (size_t i = 0; i < count; ++i) store(t, in.p, i, input(t, op, me, i));
+    c.allgather(in.p, out.p, count, t, o).wait();
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        REQUIRE(load(t, out.p, r * count + i) == load(t, in.p, 0) * 0 + input(t, op, r, i) ||
+                    near(t, load(t, out.p, r * count + i), input(t, op, r, i)),
+                "allgather " << dtype_name(t) << " count " << count << " block " << r);
+      }
+    }
+  }
+  for (int root : {0, n / 2}) {
+    for (Algo a : {Algo::tree, Algo::ring}) {  // broadcast, in place on the root
+      CollOptions o;
+      o.algo = a;
+      Buf buf(count * es);
+      for (size_t i = 0; i < count; ++i)
+        store(t, buf.p, i, me == root ? input(t, op, root, i) : -1);
+      c.broadcast(buf.p, buf.p, count, t, root, o).wait();
+      for (size_t i = 0; i < count; ++i) {
+        REQUIRE(near(t, load(t, buf.p, i), input(t, op, root, i)),
+                "broadcast root " << root << " " << algo_name(a) << " count " << count);
+      }
+    }
+    {  // gather
+      Buf in(count * es), out(count * n * es);
+      for (size_t i = 0; i < count; ++i) store(t, in.p, i, input(t, op, me, i));
+      c.gather(in.p, out.p, count, t, root).wait();
+      if (me == root) {
+        for (int r = 0; r < n; ++r) {
+          for (size_t i = 0; i < count; ++i) {
+            REQUIRE(near(t, load(t, out.p, r * count + i), input(t, op, r, i)),
+                    "gather block " << r);
+          }
+        }
+      }
+    }
+    {  // scatter
+      Buf in(count * n * es), out(count * es);
+      for (size_t i = 0; i < count * n; ++i) store(t, in.p, i, input(t, op, root, i));
+      c.scatter(in.p, out.p, count, t, root).wait();
+      for (size_t i = 0; i < count; ++i) {
+        REQUIRE(near(t, load(t, out.p, i), input(t, op, root, me * count + i)), "scatter");
+      }
+    }
+  }
+  for (bool in_place : {false, true}) {  // alltoall: block j of rank r holds input(r, j*count+i)
+    Buf in(count * n * es), out(count * n * es);
+    for (size_t i = 0; i < count * n; ++i) store(t, in.p, i, input(t, op, me, i));
+    uint8_t* dst = in_place ? in.p : out.p;
+    c.alltoall(in.p, dst, count, t).wait();
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        REQUIRE(near(t, load(t, dst, r * count + i), input(t, op, r, me * count + i)),
+                "alltoall from " << r << (in_place ? " in place" : ""));
+      }
+    }
+  }
+}
+
+void full_matrix(int) {
+  auto c = init();
+  for (DataType t : kAllDataTypes) {
+    for (size_t count : kCounts) {
+      check_data_movement(*c, t, count);
+      for (RedOp op : kAllRedOps) {
+        check_reductions(*c, t, op, count, false, Algo::automatic);
+        check_reductions(*c, t, op, count, true, Algo::automatic);
+      }
+    }
+  }
+  for (Algo a : {Algo::ring, Algo::recursive_doubling, Algo::rabenseifner}) {
+    for (size_t count : {size_t(0), size_t(5), size_t(1031), size_t(300007)}) {
+      check_reductions(*c, DataType::f32, RedOp::sum, count, false, a);
+      check_reductions(*c, DataType::bf16, RedOp::max, count, true, a);
+    }
+  }
+  // point to point: a ring of sends
+  const int n = c->size(), me = c->rank();
+  if (n > 1) {
+    std::vector<int32_t> out(100, me), in(100, -1);
+    auto s = c->send(out.data(), out.size(), DataType::i32, (me + 1) % n);
+    auto r = c->recv(in.data(), in.size(), DataType::i32, (me - 1 + n) % n);
+    r.wait();
+    s.wait();
+    REQUIRE(in[99] == (me - 1 + n) % n, "recv got " << in[99]);
+  }
+  c->barrier().wait();
+}
+
+class WorldSize : public ::testing::TestWithParam<int> {};
+
+TEST_P(WorldSize, EveryCollectiveTypeAndOp) {
+  RunOptions o;
+  o.timeout_s = 240;
+  o.env["COHORT_TIMEOUT"] = "60";
+  expect_all_ok(run_ranks(GetParam(), full_matrix, o));
+}
+
+INSTANTIATE_TEST_SUITE_P(Comm, WorldSize, ::testing::Values(1, 2, 3, 4, 5, 8));
+
+TEST(Comm, ForcedTcp) {
+  RunOptions o;
+  o.env["COHORT_TRANSPORT"] = "tcp";
+  o.env["COHORT_TIMEOUT"] = "60";
+  expect_all_ok(run_ranks(
+      3,
+      [](int) {
+        auto c = init();
+        REQUIRE(c->describe().find("tcp") != std::string::npos, c->describe());
+        REQUIRE(c->describe().find("shm") == std::string::npos, c->describe());
+        for (size_t count : {size_t(0), size_t(1), size_t(1031), size_t(1u << 20)}) {
+          check_reductions(*c, DataType::f32, RedOp::sum, count, false, Algo::automatic);
+          check_reductions(*c, DataType::f16, RedOp::avg, count, true, Algo::ring);
+          check_data_movement(*c, DataType::i64, count / 8);
+        }
+      },
+      o));
+}
+
+TEST(Comm, TwoEmulatedHostsUseHierarchicalAllreduce) {
+  RunOptions o;
+  o.ranks_per_host = 2;
+  o.env["COHORT_TIMEOUT"] = "60";
+  expect_all_ok(run_ranks(
+      4,
+      [](int) {
+        auto c = init();
+        REQUIRE(c->num_hosts() == 2, "hosts " << c->num_hosts());
+        REQUIRE(c->local_size() == 2, "local size " << c->local_size());
+        REQUIRE(c->describe().find("shm+tcp") != std::string::npos, c->describe());
+        for (size_t count : {size_t(3), size_t(1031), size_t(1u << 20)}) {
+          check_reductions(*c, DataType::f32, RedOp::sum, count, false, Algo::hierarchical);
+          check_reductions(*c, DataType::i32, RedOp::max, count, true, Algo::hierarchical);
+        }
+        std::vector<float> big(8u << 20, 1.0f);
+        auto w = c->allreduce(big.data(), big.data(), big.size(), DataType::f32, RedOp::sum);
+        w.wait();
+        REQUIRE(w.algorithm() == "hier", "the cost model picked " << w.algorithm());
+        REQUIRE(big[12345] == 4.0f, big[12345]);
+      },
+      o));
+}
+
+TEST(Comm, ManyCallsInFlight) {
+  expect_all_ok(run_ranks(3, [](int) {
+    auto c = init();
+    const int k = 64;
+    std::vector<std::vector<int64_t>> bufs(k);
+    std::vector<Work> works;
+    for (int i = 0; i < k; ++i) {
+      bufs[static_cast<size_t>(i)].assign(static_cast<size_t>(1 + i * 997), i + c->rank());
+      auto& b = bufs[static_cast<size_t>(i)];
+      works.push_back(c->allreduce(b.data(), b.data(), b.size(), DataType::i64, RedOp::sum));
+    }
+    for (auto& w : works) w.wait();
+    for (int i = 0; i < k; ++i) {
+      REQUIRE(bufs[static_cast<size_t>(i)].back() == 3 * i + 3, "call " << i);
+    }
+  }));
+}
+
+TEST(Comm, SplitByParity) {
+  expect_all_ok(run_ranks(5, [](int rank) {
+    auto c = init();
+    auto sub = c->split(rank % 2, -rank);  // reversed order inside each color
+    REQUIRE(sub, "no communicator");
+    const int expect_size = rank % 2 == 0 ? 3 : 2;
+    REQUIRE(sub->size() == expect_size, "size " << sub->size());
+    std::vector<int32_t> v{rank};
+    sub->allreduce(v.data(), v.data(), 1, DataType::i32, RedOp::sum).wait();
+    REQUIRE(v[0] == (rank % 2 == 0 ? 0 + 2 + 4 : 1 + 3), "sum " << v[0]);
+    std::vector<int32_t> all(static_cast<size_t>(sub->size()));
+    int32_t mine = rank;
+    sub->allgather(&mine, all.data(), 1, DataType::i32).wait();
+    REQUIRE(all[0] > all.back(), "order by key: first " << all[0] << " last " << all.back());
+    auto none = c->split(rank == 0 ? -1 : 1, 0);
+    REQUIRE((rank == 0) == (none == nullptr), "color -1 must give no communicator");
+  }));
+}
+
+}  // namespace
