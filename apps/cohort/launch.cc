@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -101,6 +102,7 @@ Run add_launch(CLI::App& app) {
     std::string master;
     std::string job_id;
     double grace = 5.0;
+    std::string bind = "auto";
     std::vector<std::string> cmd;
   };
   auto o = std::make_shared<Opts>();
@@ -116,6 +118,10 @@ Run add_launch(CLI::App& app) {
                  "Shared secret of the job, the same on every node (default: random on one "
                  "node; COHORT_JOB_TOKEN)");
   app.add_option("--grace", o->grace, "Seconds between SIGTERM and SIGKILL when stopping ranks");
+  app.add_option("--bind", o->bind,
+                 "Pin each local rank to one core: core, none, or auto (core when ranks do not "
+                 "outnumber the cores this launcher may use)")
+      ->check(CLI::IsMember({"auto", "core", "none"}));
   app.add_option("cmd", o->cmd, "PROGRAM [ARGS...] (after --)")->required();
   app.prefix_command();
 
@@ -154,6 +160,19 @@ Run add_launch(CLI::App& app) {
     sigaction(SIGTERM, &sa, nullptr);
     signal(SIGPIPE, SIG_IGN);
 
+    // Spinning ranks that share a core slow each other down by orders of magnitude, and the
+    // scheduler does not reliably keep them apart: pin them, as mpirun does.
+    std::vector<int> cpus;
+    {
+      cpu_set_t allowed;
+      if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
+        for (int c = 0; c < CPU_SETSIZE; ++c) {
+          if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+        }
+      }
+    }
+    const bool bind = o->bind == "core" || (o->bind == "auto" && !cpus.empty() &&
+                                            o->nproc <= static_cast<int>(cpus.size()));
     std::vector<Child> kids(static_cast<size_t>(o->nproc));
     for (int lr = 0; lr < o->nproc; ++lr) {
       Child& c = kids[static_cast<size_t>(lr)];
@@ -180,6 +199,12 @@ Run add_launch(CLI::App& app) {
         setenv("COHORT_JOB_TOKEN", token.c_str(), 1);
         setenv("COHORT_STORE_EXTERNAL", "1", 1);
         if (o->nproc > 1) setenv("OMP_NUM_THREADS", "1", 0);
+        if (bind && !cpus.empty()) {
+          cpu_set_t one;
+          CPU_ZERO(&one);
+          CPU_SET(cpus[static_cast<size_t>(lr) % cpus.size()], &one);
+          sched_setaffinity(0, sizeof(one), &one);
+        }
         std::vector<char*> argv;
         for (auto& a : o->cmd) argv.push_back(const_cast<char*>(a.c_str()));
         argv.push_back(nullptr);

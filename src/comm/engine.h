@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cohort/comm/communicator.h"
@@ -54,18 +56,35 @@ class Engine {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const CollDesc& desc() const = 0;
-  virtual void exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs) = 0;
   virtual const Topology& topology() const = 0;
   // Scratch memory owned by the engine, reused across calls; slot selects independent buffers.
   virtual void* scratch(size_t bytes, int slot) = 0;
 
   size_t esize() const { return dtype_size(desc().dtype); }
   void reduce_into(void* dst, const void* a, const void* b, size_t count) const;
-  Group world() const;         // ordered by (host, rank) so that rings cross hosts least
-  Group natural() const;       // ordered by rank
-  Group local() const;         // this host's ranks
-  Group cross() const;         // the ranks with this local index, one per host
-  bool hosts_uniform() const;  // every host has the same number of ranks
+  // Groups are computed once: the topology does not change during a communicator's life.
+  const Group& world() const;    // ordered by (host, rank) so that rings cross hosts least
+  const Group& natural() const;  // ordered by rank
+  const Group& local() const;    // this host's ranks
+  const Group& cross() const;    // the ranks with this local index, one per host
+  bool hosts_uniform() const;    // every host has the same number of ranks
+  // The cost model's choice for this communicator, remembered per (collective, size).
+  Algo pick(Collective c, size_t bytes) const;
+
+  // A list of point-to-point operations without a heap allocation for the common short ones.
+  void exchange(std::initializer_list<SendOp> sends, std::initializer_list<RecvOp> recvs) {
+    exchange_n(sends.begin(), sends.size(), recvs.begin(), recvs.size());
+  }
+  void exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs) {
+    exchange_n(sends.data(), sends.size(), recvs.data(), recvs.size());
+  }
+  virtual void exchange_n(const SendOp* sends, size_t ns, const RecvOp* recvs, size_t nr) = 0;
+
+ private:
+  void build_groups() const;
+  mutable bool groups_built_ = false;
+  mutable Group natural_, world_, local_, cross_;
+  mutable std::unordered_map<uint64_t, Algo> picks_;
 };
 
 // Partition of count elements into n nearly equal blocks (the first count % n get one more).

@@ -26,27 +26,36 @@ class WorkState {
  public:
   std::mutex mu;
   std::condition_variable cv;
+  std::atomic<bool> ready{false};
+  std::atomic<int> waiters{0};              // completion notifies only when someone sleeps on cv
+  std::weak_ptr<detail::NativeComm> owner;  // whose queue wait() may help to drain
   bool done = false;
   std::exception_ptr error;
-  std::string algo;
+  const char* algo = "";  // a static name
 };
 
 void Work::wait() {
   if (!s_) return;
+  // Run queued collectives on this thread when the progress thread is not busy with them.
+  if (auto c = s_->owner.lock()) {
+    while (!s_->ready.load(std::memory_order_acquire)) {
+      if (!c->help(s_->ready)) break;
+    }
+  }
   std::unique_lock<std::mutex> lock(s_->mu);
+  s_->waiters.fetch_add(1);
   s_->cv.wait(lock, [&] { return s_->done; });
+  s_->waiters.fetch_sub(1);
   if (s_->error) std::rethrow_exception(s_->error);
 }
 
 bool Work::test() {
   if (!s_) return true;
-  std::lock_guard<std::mutex> lock(s_->mu);
-  return s_->done;
+  return s_->ready.load(std::memory_order_acquire);
 }
 
-const std::string& Work::algorithm() const {
-  static const std::string none;
-  return s_ ? s_->algo : none;
+std::string Work::algorithm() const {
+  return s_ ? s_->algo : "";
 }
 
 namespace detail {
@@ -114,50 +123,64 @@ void Engine::reduce_into(void* dst, const void* a, const void* b, size_t count) 
   comm::reduce(dst, a, b, count, desc().dtype, desc().op);
 }
 
-Group Engine::natural() const {
-  Group g;
-  for (int r = 0; r < size(); ++r) g.ranks.push_back(r);
-  g.me = rank();
-  return g;
-}
-
-Group Engine::world() const {
+void Engine::build_groups() const {
   const auto& h = topology().host_of_rank;
-  Group g = natural();
-  std::stable_sort(g.ranks.begin(), g.ranks.end(), [&](int a, int b) {
+  const int me = rank();
+  natural_ = Group{};
+  for (int r = 0; r < size(); ++r) natural_.ranks.push_back(r);
+  natural_.me = me;
+  world_ = natural_;
+  std::stable_sort(world_.ranks.begin(), world_.ranks.end(), [&](int a, int b) {
     return h[static_cast<size_t>(a)] < h[static_cast<size_t>(b)];
   });
-  g.me = static_cast<int>(std::find(g.ranks.begin(), g.ranks.end(), rank()) - g.ranks.begin());
-  return g;
-}
-
-Group Engine::local() const {
-  const auto& h = topology().host_of_rank;
-  Group g;
+  world_.me = static_cast<int>(std::find(world_.ranks.begin(), world_.ranks.end(), me) -
+                               world_.ranks.begin());
+  local_ = Group{};
   for (int r = 0; r < size(); ++r) {
-    if (h[static_cast<size_t>(r)] == h[static_cast<size_t>(rank())]) {
-      if (r == rank()) g.me = g.size();
-      g.ranks.push_back(r);
+    if (h[static_cast<size_t>(r)] == h[static_cast<size_t>(me)]) {
+      if (r == me) local_.me = local_.size();
+      local_.ranks.push_back(r);
     }
   }
-  return g;
-}
-
-Group Engine::cross() const {
-  const auto& h = topology().host_of_rank;
-  const int li = local().me;
-  Group g;
+  cross_ = Group{};
   for (int host = 0; host < topology().num_hosts; ++host) {
     int seen = 0;
     for (int r = 0; r < size(); ++r) {
       if (h[static_cast<size_t>(r)] != host) continue;
-      if (seen++ == li) {
-        if (r == rank()) g.me = g.size();
-        g.ranks.push_back(r);
+      if (seen++ == local_.me) {
+        if (r == me) cross_.me = cross_.size();
+        cross_.ranks.push_back(r);
       }
     }
   }
-  return g;
+  groups_built_ = true;
+}
+
+const Group& Engine::natural() const {
+  if (!groups_built_) build_groups();
+  return natural_;
+}
+const Group& Engine::world() const {
+  if (!groups_built_) build_groups();
+  return world_;
+}
+const Group& Engine::local() const {
+  if (!groups_built_) build_groups();
+  return local_;
+}
+const Group& Engine::cross() const {
+  if (!groups_built_) build_groups();
+  return cross_;
+}
+
+Algo Engine::pick(Collective c, size_t bytes) const {
+  const uint64_t key = (static_cast<uint64_t>(c) << 56) ^ bytes;
+  auto it = picks_.find(key);
+  if (it != picks_.end()) return it->second;
+  Algo a = choose(c, topology(), bytes);
+  if (picks_.size() > 4096) picks_.clear();
+  picks_.emplace(key, a);
+  return a;
 }
 
 bool Engine::hosts_uniform() const {
@@ -196,6 +219,7 @@ NativeComm::NativeComm(Store store, std::string token, std::string comm_name, in
 void NativeComm::connect_links() {
   const int n = size();
   links_.resize(static_cast<size_t>(n));
+  eager_.resize(static_cast<size_t>(n));
   if (n == 1) return;
   const PeerDesc& me = members_[static_cast<size_t>(rank_)];
   // Reserve the listener before publishing, so peers never dial a closed port.
@@ -221,6 +245,12 @@ void NativeComm::connect_links() {
     const PeerDesc& peer = members_[static_cast<size_t>(p)];
     if (!settings_.force_tcp && peer.host == me.host) {
       links_[static_cast<size_t>(p)].push_back(connect_shm(store_, so, me, peer));
+      // Small messages get a ring of their own: a few KiB that stay in cache, where the bulk
+      // ring's lines would come from memory.
+      ShmOptions eager = so;
+      eager.ring_bytes = 64u << 10;
+      eager.name_prefix += "e";
+      eager_[static_cast<size_t>(p)] = connect_shm(store_, eager, me, peer);
     }
   }
   if (!tcp_peers.empty()) {
@@ -345,65 +375,106 @@ void* NativeComm::scratch(size_t bytes, int slot) {
 }
 
 // ---------------------------------------------------------------- queue
-Work NativeComm::submit(CollDesc d, std::function<void()> fn) {
+Work NativeComm::submit(Task task) {
   auto w = std::make_shared<WorkState>();
+  task.work = w;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Task{d, std::move(fn), w});
+    w->owner = weak_from_this();
+    queue_.push_back(std::move(task));
+    queued_.fetch_add(1, std::memory_order_release);
   }
-  cv_.notify_one();
+  // A progress thread that has been idle for a while sleeps long: wake it. One that ran work
+  // recently polls often enough by itself, and waking it for every call would cost a system
+  // call and a context switch each time.
+  if (poll_us_.load(std::memory_order_relaxed) >= kWakeAboveUs) cv_.notify_one();
   return Work(w);
 }
 
+// Tasks run in issue order, one at a time, by whoever holds run_mu_: the progress thread, or a
+// caller blocked in Work::wait(), which runs queued tasks itself instead of waiting for a
+// thread hand-off (two wake-ups per call on a busy machine).
+bool NativeComm::run_next() {
+  Task t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.empty()) return false;
+    t = std::move(queue_.front());
+    queue_.pop_front();
+    queued_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  std::exception_ptr err;
+  desc_ = t.desc;
+  if (aborted_.load() && broken_.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = "the communicator was aborted: " + abort_reason_;
+  }
+  if (!broken_.empty()) {
+    err = std::make_exception_ptr(
+        CommError(__FILE__, __LINE__,
+                  "rank " + std::to_string(rank_) + ": " + desc_.str() + " refused: " + broken_));
+  } else {
+    try {
+      ran_algo_ = "auto";
+      run_task(t);
+      t.work->algo = ran_algo_;
+    } catch (const CommError& e) {
+      std::string msg =
+          "rank " + std::to_string(rank_) + ": " + desc_.str() + " failed: " + e.message();
+      fail_broken(msg);
+      std::string cause = root_cause();
+      if (!cause.empty() && cause.find(msg) == std::string::npos) {
+        msg += "; first failure in the job: " + cause;
+      }
+      broken_ = msg;
+      if (dynamic_cast<const TimeoutError*>(&e)) {
+        err = std::make_exception_ptr(TimeoutError(__FILE__, __LINE__, msg));
+      } else {
+        err = std::make_exception_ptr(CommError(__FILE__, __LINE__, msg));
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(t.work->mu);
+    t.work->done = true;
+    t.work->error = err;
+    t.work->ready.store(true, std::memory_order_release);
+  }
+  t.work->cv.notify_all();
+  return true;
+}
+
+bool NativeComm::help(const std::atomic<bool>& ready) {
+  std::unique_lock<std::mutex> run(run_mu_, std::try_to_lock);
+  if (!run.owns_lock()) return false;
+  while (!ready.load(std::memory_order_acquire) && run_next()) {
+  }
+  return true;
+}
+
 void NativeComm::progress_loop() {
+  int poll_us = kMinPollUs;
   while (true) {
-    Task t;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      t = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    std::exception_ptr err;
-    desc_ = t.desc;
-    if (aborted_.load() && broken_.empty()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      broken_ = "the communicator was aborted: " + abort_reason_;
-    }
-    if (!broken_.empty()) {
-      err = std::make_exception_ptr(
-          CommError(__FILE__, __LINE__,
-                    "rank " + std::to_string(rank_) + ": " + desc_.str() + " refused: " + broken_));
-    } else {
-      try {
-        ran_algo_ = "auto";
-        t.fn();
-        t.work->algo = ran_algo_;
-      } catch (const CommError& e) {
-        std::string msg =
-            "rank " + std::to_string(rank_) + ": " + desc_.str() + " failed: " + e.message();
-        fail_broken(msg);
-        std::string cause = root_cause();
-        if (!cause.empty() && cause.find(msg) == std::string::npos) {
-          msg += "; first failure in the job: " + cause;
-        }
-        broken_ = msg;
-        if (dynamic_cast<const TimeoutError*>(&e)) {
-          err = std::make_exception_ptr(TimeoutError(__FILE__, __LINE__, msg));
-        } else {
-          err = std::make_exception_ptr(CommError(__FILE__, __LINE__, msg));
-        }
-      } catch (...) {
-        err = std::current_exception();
+      poll_us_.store(poll_us, std::memory_order_relaxed);
+      cv_.wait_for(lock, std::chrono::microseconds(poll_us),
+                   [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty() && stopping_) return;
+      if (queue_.empty()) {
+        poll_us = std::min(poll_us * 2, kMaxPollUs);  // idle: back off
+        continue;
       }
     }
-    {
-      std::lock_guard<std::mutex> lock(t.work->mu);
-      t.work->done = true;
-      t.work->error = err;
+    poll_us = kMinPollUs;
+    // A waiting caller may be running the queue: do not block on it (its unlock would then
+    // have to wake this thread); look again shortly.
+    std::unique_lock<std::mutex> run(run_mu_, std::try_to_lock);
+    if (!run.owns_lock()) continue;
+    while (run_next()) {
     }
-    t.work->cv.notify_all();
   }
 }
 
@@ -416,6 +487,9 @@ void NativeComm::fail_broken(const std::string& message) {
   }
   for (auto& lanes : links_) {
     for (auto& l : lanes) l->abort(message);
+  }
+  for (auto& l : eager_) {
+    if (l) l->abort(message);
   }
 }
 
@@ -438,16 +512,27 @@ void NativeComm::abort(const std::string& reason) {
   for (auto& lanes : links_) {
     for (auto& l : lanes) l->abort("rank " + std::to_string(rank_) + " called abort: " + reason);
   }
+  for (auto& l : eager_) {
+    if (l) l->abort("rank " + std::to_string(rank_) + " called abort: " + reason);
+  }
 }
 
 // ---------------------------------------------------------------- the progress engine
 namespace {
 
-struct Transfer {
+constexpr size_t kSlice = 512u << 10;  // bytes moved per link per turn, so that links interleave
+constexpr size_t kInline = 2048;       // payloads this small travel in one piece with the header
+
+}  // namespace
+
+// One message (or one lane's part of one) in flight. Small sends are staged with their header so
+// that the peer sees them complete in a single ring update.
+struct NativeComm::Transfer {
   Link* link = nullptr;
   int peer = -1;
   bool send = false;
-  wire::MsgHeader hdr;  // send: what we send; recv: what arrived
+  bool active = false;  // oldest unfinished transfer of its direction on its link
+  bool finished = false;
   uint8_t hdr_buf[sizeof(wire::MsgHeader)];
   size_t hdr_done = 0;
   const uint8_t* src = nullptr;
@@ -457,11 +542,9 @@ struct Transfer {
   size_t done = 0;
   uint8_t carry[8];
   size_t carry_n = 0;
+  size_t staged = 0;  // send: bytes of header+payload staged in `stage`
+  uint8_t stage[sizeof(wire::MsgHeader) + kInline];
 };
-
-constexpr size_t kSlice = 512u << 10;  // bytes moved per link per turn, so that links interleave
-
-}  // namespace
 
 void NativeComm::mismatch(int peer, const wire::MsgHeader& h) {
   CollDesc theirs;
@@ -476,71 +559,107 @@ void NativeComm::mismatch(int peer, const wire::MsgHeader& h) {
                                                                       << theirs.str());
 }
 
-void NativeComm::exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs) {
+static const unsigned kSpin = static_cast<unsigned>(env::int_or("COHORT_SPIN", 2000));
+constexpr unsigned kFlushAfter = 200;
+
+void NativeComm::exchange_n(const SendOp* sends, size_t ns, const RecvOp* recvs, size_t nr) {
   const size_t es = esize();
-  std::vector<Transfer> ts;
-  ts.reserve((sends.size() + recvs.size()) * static_cast<size_t>(settings_.tcp_streams));
+  auto& ts = xfers_;
+  size_t nts = 0;
   auto add = [&](int peer, bool is_send, const void* src, void* dst, const void* local,
                  size_t bytes) {
     COHORT_CHECK(peer >= 0 && peer < size() && peer != rank_, "bad peer " << peer);
     auto& lanes = links_[static_cast<size_t>(peer)];
+    Link* eager = bytes <= kInline ? eager_[static_cast<size_t>(peer)].get() : nullptr;
     size_t parts = (bytes >= settings_.stripe_min && lanes.size() > 1) ? lanes.size() : 1;
     size_t elems = bytes / es;
     for (size_t k = 0; k < parts; ++k) {
       size_t lo = elems * k / parts * es,
              hi = k + 1 == parts ? bytes : elems * (k + 1) / parts * es;
-      Transfer t;
-      t.link = lanes[k].get();
+      if (ts.size() <= nts) ts.resize(nts + 8);
+      Transfer& t = ts[nts++];
+      t.link = eager ? eager : lanes[k].get();
       t.peer = peer;
       t.send = is_send;
+      t.active = false;
+      t.finished = false;
       t.bytes = hi - lo;
+      t.hdr_done = 0;
+      t.done = 0;
+      t.carry_n = 0;
+      t.staged = 0;
       if (is_send) {
         t.src = static_cast<const uint8_t*>(src) + lo;
-        t.hdr.coll = static_cast<uint8_t>(desc_.coll);
-        t.hdr.dtype = static_cast<uint8_t>(desc_.dtype);
-        t.hdr.redop = static_cast<uint8_t>(desc_.op);
-        t.hdr.seq = desc_.seq;
-        t.hdr.root = desc_.root;
-        t.hdr.count = desc_.count;
-        t.hdr.bytes = t.bytes;
-        std::memcpy(t.hdr_buf, &t.hdr, sizeof(t.hdr));
+        wire::MsgHeader h;
+        h.coll = static_cast<uint8_t>(desc_.coll);
+        h.dtype = static_cast<uint8_t>(desc_.dtype);
+        h.redop = static_cast<uint8_t>(desc_.op);
+        h.seq = desc_.seq;
+        h.root = desc_.root;
+        h.count = desc_.count;
+        h.bytes = t.bytes;
+        if (t.bytes <= kInline) {
+          std::memcpy(t.stage, &h, sizeof(h));
+          if (t.bytes) std::memcpy(t.stage + sizeof(h), t.src, t.bytes);
+          t.staged = sizeof(h) + t.bytes;
+        } else {
+          std::memcpy(t.hdr_buf, &h, sizeof(h));
+        }
       } else {
         t.dst = static_cast<uint8_t*>(dst) + lo;
         t.local = local ? static_cast<const uint8_t*>(local) + lo : nullptr;
       }
-      ts.push_back(t);
     }
   };
-  for (const auto& s : sends) add(s.peer, true, s.data, nullptr, nullptr, s.bytes);
-  for (const auto& r : recvs) add(r.peer, false, nullptr, r.dst, r.local, r.bytes);
+  for (size_t i = 0; i < ns; ++i)
+    add(sends[i].peer, true, sends[i].data, nullptr, nullptr, sends[i].bytes);
+  for (size_t i = 0; i < nr; ++i)
+    add(recvs[i].peer, false, nullptr, recvs[i].dst, recvs[i].local, recvs[i].bytes);
 
   // Each link is a stream: only the oldest unfinished send and receive on it may progress.
-  std::map<Link*, std::pair<std::deque<Transfer*>, std::deque<Transfer*>>> queues;
-  for (auto& t : ts) (t.send ? queues[t.link].first : queues[t.link].second).push_back(&t);
-  size_t remaining = ts.size();
+  auto activate = [&] {
+    for (size_t i = 0; i < nts; ++i) {
+      Transfer& t = ts[i];
+      if (t.finished || t.active) continue;
+      bool first = true;
+      for (size_t j = 0; j < i && first; ++j) {
+        first = ts[j].finished || ts[j].link != t.link || ts[j].send != t.send;
+      }
+      t.active = first;
+    }
+  };
+  activate();
+  size_t remaining = nts;
 
   auto step_send = [&](Transfer& t) -> bool {
+    if (t.staged) {
+      size_t k = t.link->send_some(t.stage + t.done, t.staged - t.done);
+      t.done += k;
+      if (t.done == t.staged) t.finished = true;
+      return k > 0;
+    }
     bool moved = false;
-    if (t.hdr_done < sizeof(t.hdr)) {
-      size_t k = t.link->send_some(t.hdr_buf + t.hdr_done, sizeof(t.hdr) - t.hdr_done);
+    if (t.hdr_done < sizeof(t.hdr_buf)) {
+      size_t k = t.link->send_some(t.hdr_buf + t.hdr_done, sizeof(t.hdr_buf) - t.hdr_done);
       t.hdr_done += k;
       moved = k > 0;
-      if (t.hdr_done < sizeof(t.hdr)) return moved;
+      if (t.hdr_done < sizeof(t.hdr_buf)) return moved;
     }
     if (t.done < t.bytes) {
       size_t k = t.link->send_some(t.src + t.done, std::min(kSlice, t.bytes - t.done));
       t.done += k;
       moved = moved || k > 0;
     }
+    if (t.done == t.bytes) t.finished = true;
     return moved;
   };
   auto step_recv = [&](Transfer& t) -> bool {
     bool moved = false;
-    if (t.hdr_done < sizeof(t.hdr)) {
-      size_t k = t.link->recv_into(t.hdr_buf + t.hdr_done, sizeof(t.hdr) - t.hdr_done);
+    if (t.hdr_done < sizeof(t.hdr_buf)) {
+      size_t k = t.link->recv_into(t.hdr_buf + t.hdr_done, sizeof(t.hdr_buf) - t.hdr_done);
       t.hdr_done += k;
       moved = k > 0;
-      if (t.hdr_done < sizeof(t.hdr)) return moved;
+      if (t.hdr_done < sizeof(t.hdr_buf)) return moved;
       wire::MsgHeader h = wire::parse_header(t.hdr_buf, sizeof(t.hdr_buf));
       bool p2p = desc_.coll == Coll::sendrecv;
       if (h.coll != static_cast<uint8_t>(desc_.coll) || h.seq != desc_.seq ||
@@ -553,15 +672,13 @@ void NativeComm::exchange(const std::vector<SendOp>& sends, const std::vector<Re
                                          << " bytes where this rank expected " << t.bytes
                                          << " (is COHORT_ALGO set differently?)");
       }
-      t.hdr = h;
     }
     size_t want = t.bytes - t.done - t.carry_n;
-    if (want == 0) return moved;
-    size_t k;
-    if (t.local == nullptr) {
+    size_t k = 0;
+    if (want > 0 && t.local == nullptr) {
       k = t.link->recv_into(t.dst + t.done, std::min(kSlice, want));
       t.done += k;
-    } else {
+    } else if (want > 0) {
       k = t.link->recv_with(std::min(kSlice, want), [&](const uint8_t* p, size_t n) {
         size_t used = 0;
         if (t.carry_n > 0) {  // complete an element split across two spans
@@ -587,59 +704,66 @@ void NativeComm::exchange(const std::vector<SendOp>& sends, const std::vector<Re
         }
       });
     }
+    if (t.done == t.bytes) t.finished = true;
     return moved || k > 0;
   };
 
-  auto idle_since = Clock::now();
+  Clock::time_point idle_since;
   unsigned idle = 0;
   while (remaining > 0) {
-    bool moved = false;
-    for (auto& [link, q] : queues) {
-      auto& [sq, rq] = q;
-      if (!sq.empty()) {
-        Transfer& t = *sq.front();
-        moved |= step_send(t);
-        if (t.hdr_done == sizeof(t.hdr) && t.done == t.bytes) {
-          sq.pop_front();
-          --remaining;
-        }
-      }
-      if (!rq.empty()) {
-        Transfer& t = *rq.front();
-        moved |= step_recv(t);
-        if (t.hdr_done == sizeof(t.hdr) && t.done == t.bytes) {
-          rq.pop_front();
-          --remaining;
-        }
+    bool moved = false, finished_one = false;
+    for (size_t i = 0; i < nts; ++i) {
+      Transfer& t = ts[i];
+      if (!t.active || t.finished) continue;
+      moved |= t.send ? step_send(t) : step_recv(t);
+      if (t.finished) {
+        --remaining;
+        finished_one = true;
       }
     }
+    if (finished_one) activate();
     if (moved) {
       idle = 0;
       continue;
     }
-    if (idle == 0) idle_since = Clock::now();
+    // Consumption is published lazily: a sender only needs it when its ring is full, and then
+    // this side soon idles long enough to get here.
+    if (idle == kFlushAfter) {
+      for (size_t i = 0; i < nts; ++i) ts[i].link->flush();
+    }
     ++idle;
-    if (idle < 256) {
+    if (idle < kSpin) {
       _mm_pause();
       continue;
     }
+    if (idle == kSpin) idle_since = Clock::now();
     // Ranks may outnumber cores: give the core away instead of spinning.
     if ((idle & 63) == 0) check_while_idle(idle_since);
     auto waited = Clock::now() - idle_since;
     if (waited < std::chrono::milliseconds(2)) {
       sched_yield();
-    } else {
+    } else if (std::all_of(ts.begin(), ts.begin() + static_cast<long>(nts),
+                           [](const Transfer& t) { return t.link->wait_fd() >= 0; })) {
       std::vector<pollfd> fds;
-      for (auto& [link, q] : queues) {
-        if (link->wait_fd() >= 0 && !q.second.empty()) fds.push_back({link->wait_fd(), POLLIN, 0});
+      for (size_t i = 0; i < nts; ++i) {
+        if (ts[i].active && !ts[i].finished) {
+          fds.push_back(
+              {ts[i].link->wait_fd(), static_cast<short>(ts[i].send ? POLLOUT : POLLIN), 0});
+        }
       }
-      if (!fds.empty() && fds.size() == queues.size()) {
-        ::poll(fds.data(), fds.size(), 1);
-      } else {
-        ::usleep(waited < std::chrono::milliseconds(50) ? 20 : 200);
-      }
+      ::poll(fds.data(), fds.size(), 1);
+    } else {
+      ::usleep(waited < std::chrono::milliseconds(50) ? 20 : 200);
     }
   }
+  for (size_t i = 0; i < nts; ++i) ts[i].link->flush();
+}
+
+std::vector<Link*> NativeComm::links_of(int peer) const {
+  std::vector<Link*> out;
+  for (const auto& l : links_[static_cast<size_t>(peer)]) out.push_back(l.get());
+  if (eager_[static_cast<size_t>(peer)]) out.push_back(eager_[static_cast<size_t>(peer)].get());
+  return out;
 }
 
 void NativeComm::check_while_idle(Clock::time_point idle_since) {
@@ -648,14 +772,14 @@ void NativeComm::check_while_idle(Clock::time_point idle_since) {
     COHORT_THROW_AS(CommError, "the communicator was aborted: " << abort_reason_);
   }
   for (int p = 0; p < size(); ++p) {
-    for (auto& l : links_[static_cast<size_t>(p)]) l->check_peer();
+    for (Link* l : links_of(p)) l->check_peer();
   }
   auto waited = Clock::now() - idle_since;
   if (waited > std::chrono::milliseconds(100) && desc_.coll != Coll::sendrecv) {
     // A peer blocked in a different collective would never send what we wait for; its header
     // may be sitting unread on a link we are not reading from.
     for (int p = 0; p < size(); ++p) {
-      for (auto& l : links_[static_cast<size_t>(p)]) {
+      for (Link* l : links_of(p)) {
         uint8_t buf[sizeof(wire::MsgHeader)];
         if (l->peek(buf, sizeof(buf)) < sizeof(buf)) continue;
         wire::MsgHeader h;
@@ -706,87 +830,108 @@ CollDesc make(Coll c, DataType t, RedOp op, uint32_t seq, int root, size_t count
 Work NativeComm::allreduce(const void* s, void* r, size_t count, DataType t, RedOp op,
                            CollOptions o) {
   validate_args("allreduce", count, 0, -1);
-  Algo a = COHORT_ALGO_OF(o);
-  auto w = submit(make(Coll::allreduce, t, op, next_seq_++, 0, count), [=, this] {
-    Algo chosen = a == Algo::automatic ? choose(Coll::allreduce, topo_, count * dtype_size(t)) : a;
-    ran_algo_ = algo_name(chosen);
-    detail::allreduce(*this, s, r, count, chosen);
-  });
-  return w;
+  return submit({make(Coll::allreduce, t, op, next_seq_++, 0, count), s, r, COHORT_ALGO_OF(o)});
 }
 
 Work NativeComm::reduce_scatter(const void* s, void* r, size_t count, DataType t, RedOp op,
                                 CollOptions o) {
   validate_args("reduce_scatter", count, 0, -1);
-  Algo a = COHORT_ALGO_OF(o);
-  if (a != Algo::ring) a = Algo::automatic;
-  return submit(make(Coll::reduce_scatter, t, op, next_seq_++, 0, count),
-                [=, this] { detail::reduce_scatter(*this, s, r, count, a); });
+  return submit(
+      {make(Coll::reduce_scatter, t, op, next_seq_++, 0, count), s, r, COHORT_ALGO_OF(o)});
 }
 
 Work NativeComm::allgather(const void* s, void* r, size_t count, DataType t, CollOptions o) {
   validate_args("allgather", count, 0, -1);
-  Algo a = COHORT_ALGO_OF(o);
-  if (a != Algo::ring && a != Algo::recursive_doubling) a = Algo::automatic;
-  return submit(make(Coll::allgather, t, RedOp::sum, next_seq_++, 0, count),
-                [=, this] { detail::allgather(*this, s, r, count, a); });
+  return submit(
+      {make(Coll::allgather, t, RedOp::sum, next_seq_++, 0, count), s, r, COHORT_ALGO_OF(o)});
 }
 
 Work NativeComm::broadcast(const void* s, void* r, size_t count, DataType t, int root,
                            CollOptions o) {
   validate_args("broadcast", count, root, -1);
-  Algo a = COHORT_ALGO_OF(o);
-  if (a != Algo::ring && a != Algo::tree) a = Algo::automatic;
-  return submit(make(Coll::broadcast, t, RedOp::sum, next_seq_++, root, count),
-                [=, this] { detail::broadcast(*this, s, r, count, root, a); });
+  return submit(
+      {make(Coll::broadcast, t, RedOp::sum, next_seq_++, root, count), s, r, COHORT_ALGO_OF(o)});
 }
 
 Work NativeComm::reduce(const void* s, void* r, size_t count, DataType t, RedOp op, int root,
                         CollOptions o) {
   validate_args("reduce", count, root, -1);
-  Algo a = COHORT_ALGO_OF(o);
-  if (a != Algo::ring && a != Algo::tree) a = Algo::automatic;
-  return submit(make(Coll::reduce, t, op, next_seq_++, root, count),
-                [=, this] { detail::reduce(*this, s, r, count, root, a); });
+  return submit({make(Coll::reduce, t, op, next_seq_++, root, count), s, r, COHORT_ALGO_OF(o)});
 }
 
 Work NativeComm::alltoall(const void* s, void* r, size_t count, DataType t, CollOptions) {
   validate_args("alltoall", count, 0, -1);
-  return submit(make(Coll::alltoall, t, RedOp::sum, next_seq_++, 0, count),
-                [=, this] { detail::alltoall(*this, s, r, count); });
+  return submit({make(Coll::alltoall, t, RedOp::sum, next_seq_++, 0, count), s, r});
 }
 
 Work NativeComm::gather(const void* s, void* r, size_t count, DataType t, int root, CollOptions) {
   validate_args("gather", count, root, -1);
-  return submit(make(Coll::gather, t, RedOp::sum, next_seq_++, root, count),
-                [=, this] { detail::gather(*this, s, r, count, root); });
+  return submit({make(Coll::gather, t, RedOp::sum, next_seq_++, root, count), s, r});
 }
 
 Work NativeComm::scatter(const void* s, void* r, size_t count, DataType t, int root, CollOptions) {
   validate_args("scatter", count, root, -1);
-  return submit(make(Coll::scatter, t, RedOp::sum, next_seq_++, root, count),
-                [=, this] { detail::scatter(*this, s, r, count, root); });
+  return submit({make(Coll::scatter, t, RedOp::sum, next_seq_++, root, count), s, r});
 }
 
 Work NativeComm::send(const void* data, size_t count, DataType t, int peer) {
   validate_args("send", count, 0, peer);
   uint32_t seq = send_seq_[static_cast<size_t>(peer)]++;
-  return submit(make(Coll::sendrecv, t, RedOp::sum, seq, 0, count), [=, this] {
-    exchange({{peer, data, count * dtype_size(t)}}, {});
-  });
+  return submit({make(Coll::sendrecv, t, RedOp::sum, seq, 0, count), data, nullptr, Algo::direct,
+                 peer, true});
 }
 
 Work NativeComm::recv(void* data, size_t count, DataType t, int peer) {
   validate_args("recv", count, 0, peer);
   uint32_t seq = recv_seq_[static_cast<size_t>(peer)]++;
-  return submit(make(Coll::sendrecv, t, RedOp::sum, seq, 0, count), [=, this] {
-    exchange({}, {{peer, data, count * dtype_size(t)}});
-  });
+  return submit({make(Coll::sendrecv, t, RedOp::sum, seq, 0, count), nullptr, data, Algo::direct,
+                 peer, false});
 }
 
 Work NativeComm::barrier() {
-  return submit(make(Coll::barrier, DataType::u8, RedOp::sum, next_seq_++, 0, 0),
-                [this] { detail::barrier(*this); });
+  return submit(
+      {make(Coll::barrier, DataType::u8, RedOp::sum, next_seq_++, 0, 0), nullptr, nullptr});
+}
+
+void NativeComm::run_task(const Task& t) {
+  const CollDesc& d = t.desc;
+  const size_t n = d.count;
+  const int root = static_cast<int>(d.root);
+  Algo a = t.algo;
+  switch (d.coll) {
+    case Coll::allreduce:
+      if (a == Algo::automatic) a = pick(Coll::allreduce, n * dtype_size(d.dtype));
+      ran_algo_ = algo_name(a);
+      return detail::allreduce(*this, t.send, t.recv, n, a);
+    case Coll::reduce_scatter:
+      return detail::reduce_scatter(*this, t.send, t.recv, n,
+                                    a == Algo::ring ? a : Algo::automatic);
+    case Coll::allgather:
+      if (a != Algo::ring && a != Algo::recursive_doubling) a = Algo::automatic;
+      return detail::allgather(*this, t.send, t.recv, n, a);
+    case Coll::broadcast:
+      if (a != Algo::ring && a != Algo::tree) a = Algo::automatic;
+      return detail::broadcast(*this, t.send, t.recv, n, root, a);
+    case Coll::reduce:
+      if (a != Algo::ring && a != Algo::tree) a = Algo::automatic;
+      return detail::reduce(*this, t.send, t.recv, n, root, a);
+    case Coll::alltoall:
+      return detail::alltoall(*this, t.send, t.recv, n);
+    case Coll::gather:
+      return detail::gather(*this, t.send, t.recv, n, root);
+    case Coll::scatter:
+      return detail::scatter(*this, t.send, t.recv, n, root);
+    case Coll::barrier:
+      return detail::barrier(*this);
+    case Coll::sendrecv:
+      if (t.is_send) {
+        SendOp op{t.peer, t.send, n * dtype_size(d.dtype)};
+        return exchange_n(&op, 1, nullptr, 0);
+      } else {
+        RecvOp op{t.peer, t.recv, n * dtype_size(d.dtype)};
+        return exchange_n(nullptr, 0, &op, 1);
+      }
+  }
 }
 
 std::shared_ptr<Communicator> NativeComm::split(int color, int key) {
@@ -849,9 +994,10 @@ std::shared_ptr<Communicator> init(const InitOptions& opt) {
 }  // namespace cohort::comm
 
 namespace cohort::comm {
-Work make_done_work(const std::string& algo) {
+Work make_done_work(const char* algo) {
   auto s = std::make_shared<WorkState>();
   s->done = true;
+  s->ready.store(true);
   s->algo = algo;
   return Work(s);
 }

@@ -34,7 +34,9 @@ struct Settings {
   static Settings from_env();
 };
 
-class NativeComm final : public Communicator, public Engine {
+class NativeComm final : public Communicator,
+                         public Engine,
+                         public std::enable_shared_from_this<NativeComm> {
  public:
   // Collective over `members` (global ranks of the parent job, in order); store is private to
   // this communicator. `me` is this process's description.
@@ -74,22 +76,37 @@ class NativeComm final : public Communicator, public Engine {
 
   // Engine
   const CollDesc& desc() const override { return desc_; }
-  void exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs) override;
+  void exchange_n(const SendOp* sends, size_t ns, const RecvOp* recvs, size_t nr) override;
   const Topology& topology() const override { return topo_; }
   void* scratch(size_t bytes, int slot) override;
 
   void keep_alive(std::unique_ptr<StoreServer> server);
+  // Runs queued tasks on the calling thread until `ready` or the queue is empty; false when
+  // another thread is running them.
+  bool help(const std::atomic<bool>& ready);
 
  private:
+  // A queued call: plain arguments rather than a closure, so that issuing one allocates only
+  // its WorkState.
   struct Task {
+    Task() = default;
+    Task(CollDesc d, const void* s, void* r, Algo a = Algo::automatic, int p = -1, bool snd = false)
+        : desc(d), send(s), recv(r), algo(a), peer(p), is_send(snd) {}
     CollDesc desc;
-    std::function<void()> fn;
+    const void* send = nullptr;
+    void* recv = nullptr;
+    Algo algo = Algo::automatic;
+    int peer = -1;
+    bool is_send = false;
     std::shared_ptr<WorkState> work;
   };
-  Work submit(CollDesc d, std::function<void()> fn);
+  Work submit(Task task);
+  void run_task(const Task& t);
   void progress_loop();
+  bool run_next();  // caller holds run_mu_
   void fail_broken(const std::string& message);
   void check_while_idle(Clock::time_point idle_since);
+  std::vector<Link*> links_of(int peer) const;  // every lane and the eager link
   [[noreturn]] void mismatch(int peer, const wire::MsgHeader& h);
   std::string root_cause();
   void connect_links();
@@ -105,6 +122,7 @@ class NativeComm final : public Communicator, public Engine {
   Topology topo_;
   int local_rank_ = 0, local_size_ = 1;
   std::vector<std::vector<std::unique_ptr<Link>>> links_;  // [peer][lane]
+  std::vector<std::unique_ptr<Link>> eager_;               // [peer]: small messages (shm only)
 
   CollDesc desc_;
   uint32_t next_seq_ = 0;           // collectives issued (caller thread)
@@ -112,11 +130,19 @@ class NativeComm final : public Communicator, public Engine {
   std::vector<uint32_t> recv_seq_;
   uint32_t split_seq_ = 0;
   std::vector<std::vector<uint8_t>> scratch_;
-  std::string ran_algo_;  // progress thread: what the current task ran
+  const char* ran_algo_ = "";  // what the current task ran (a static name)
+  struct Transfer;
+  std::vector<Transfer> xfers_;  // reused by exchange() so that small calls do not allocate
 
   std::mutex mu_;
+  std::mutex run_mu_;  // held while a task runs: tasks run one at a time, in order
   std::condition_variable cv_;
   std::deque<Task> queue_;
+  std::atomic<int> queued_{0};
+  // The progress thread polls the queue every poll_us_, from kMinPollUs when busy to kMaxPollUs
+  // when idle; calls wake it only when it sleeps longer than kWakeAboveUs.
+  static constexpr int kMinPollUs = 100, kMaxPollUs = 20000, kWakeAboveUs = 400;
+  std::atomic<int> poll_us_{kMaxPollUs};
   bool stopping_ = false;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;  // guarded by mu_

@@ -44,8 +44,8 @@ class Work {
   explicit Work(std::shared_ptr<WorkState> s) : s_(std::move(s)) {}
   // Blocks until the collective finished; rethrows its error (CommError, TimeoutError, ...).
   void wait();
-  bool test();                           // true once finished (successfully or not)
-  const std::string& algorithm() const;  // what the engine ran, for reports
+  bool test();                    // true once finished (successfully or not)
+  std::string algorithm() const;  // what the engine ran, for reports
 
  private:
   std::shared_ptr<WorkState> s_;

@@ -33,6 +33,10 @@ class Link {
     return got;
   }
 
+  // Makes consumption visible to the sender (a transport may publish it lazily); the engine
+  // calls it whenever it stops making progress and at the end of each exchange.
+  virtual void flush() {}
+
   // Copies up to n arrived bytes without consuming them (for mismatch diagnosis).
   virtual size_t peek(void* dst, size_t n) = 0;
 

@@ -13,8 +13,8 @@ void allgather(Engine& e, const void* in, void* out_v, size_t count, Algo algo) 
   uint8_t* mine = out + static_cast<size_t>(me) * bytes;
   if (in != mine) std::memmove(mine, in, bytes);
   if (n == 1) return;
-  if (algo == Algo::automatic) algo = choose(Collective::allgather, e.topology(), bytes * n);
-  Group g = e.natural();  // blocks are ordered by rank
+  if (algo == Algo::automatic) algo = e.pick(Collective::allgather, bytes * n);
+  const Group& g = e.natural();  // blocks are ordered by rank
   if (algo == Algo::recursive_doubling && (n & (n - 1)) == 0) {
     int lo = me;
     for (int d = 1; d < n; d *= 2) {

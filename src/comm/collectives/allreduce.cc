@@ -99,19 +99,20 @@ void allreduce(Engine& e, const void* in_v, void* out_v, size_t count, Algo algo
   auto* in = static_cast<const uint8_t*>(in_v);
   auto* out = static_cast<uint8_t*>(out_v);
   const size_t bytes = count * e.esize();
-  if (algo == Algo::automatic) algo = choose(Collective::allreduce, e.topology(), bytes);
+  if (algo == Algo::automatic) algo = e.pick(Collective::allreduce, bytes);
   if (algo == Algo::hierarchical && (e.topology().num_hosts < 2 || !e.hosts_uniform())) {
     algo = Algo::ring;
   }
   switch (algo) {
     case Algo::ring: {
-      Group g = e.world();
+      const Group& g = e.world();
       ring_reduce_scatter(e, g, in, out, count);
       ring_allgather(e, g, out, count, (g.me + 1) % g.size());
       break;
     }
     case Algo::hierarchical: {
-      Group lg = e.local(), cg = e.cross();
+      const Group& lg = e.local();
+      const Group& cg = e.cross();
       ring_reduce_scatter(e, lg, in, out, count);
       const int blk = (lg.me + 1) % lg.size();
       const size_t bo = block_offset(count, lg.size(), blk),

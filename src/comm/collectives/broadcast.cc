@@ -31,8 +31,8 @@ void broadcast(Engine& e, const void* in, void* out_v, size_t count, int root, A
   auto* out = static_cast<uint8_t*>(out_v);
   const size_t es = e.esize(), bytes = count * es;
   if (e.rank() == root && in != out) std::memmove(out, in, bytes);
-  if (algo == Algo::automatic) algo = choose(Collective::broadcast, e.topology(), bytes);
-  Group g = e.natural();
+  if (algo == Algo::automatic) algo = e.pick(Collective::broadcast, bytes);
+  const Group& g = e.natural();
   const int n = g.size();
   if (algo == Algo::ring && n > 2) {
     // Scatter: the root sends block i to rank i; then every rank rings its block around.

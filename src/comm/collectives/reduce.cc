@@ -29,8 +29,8 @@ void reduce(Engine& e, const void* in_v, void* out_v, size_t count, int root, Al
   auto* in = static_cast<const uint8_t*>(in_v);
   auto* out = static_cast<uint8_t*>(out_v);
   const size_t es = e.esize(), bytes = count * es;
-  if (algo == Algo::automatic) algo = choose(Collective::reduce, e.topology(), bytes);
-  Group g = e.natural();
+  if (algo == Algo::automatic) algo = e.pick(Collective::reduce, bytes);
+  const Group& g = e.natural();
   const int n = g.size();
   if (algo == Algo::ring && n > 2) {
     uint8_t* tmp = e.rank() == root ? out : static_cast<uint8_t*>(e.scratch(bytes, 1));

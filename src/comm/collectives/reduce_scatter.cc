@@ -14,7 +14,7 @@ void reduce_scatter(Engine& e, const void* in_v, void* out, size_t count, Algo a
   auto* in = static_cast<const uint8_t*>(in_v);
   const int n = e.size();
   const size_t bytes = count * e.esize();
-  Group g = e.natural();  // block i belongs to rank i
+  const Group& g = e.natural();  // block i belongs to rank i
   if (n == 1) {
     if (in != out) std::memmove(out, in, bytes);
   } else {

@@ -12,7 +12,7 @@
 
 namespace cohort::comm {
 
-Work make_done_work(const std::string& algo);
+Work make_done_work(const char* algo);
 
 namespace {
 

@@ -59,15 +59,21 @@ class ShmLink final : public Link {
     ::munmap(base_, map_bytes_);
   }
 
+  // The counters live on cache lines the peer also touches: each side keeps private copies
+  // and reads or publishes the shared ones only when it must, so that a small message costs
+  // few cross-core transfers.
   size_t send_some(const void* data, size_t n) override {
-    uint64_t head = out_->head.load(std::memory_order_relaxed);
-    uint64_t tail = out_->tail.load(std::memory_order_acquire);
-    size_t free_bytes = ring_bytes_ - static_cast<size_t>(head - tail);
-    size_t pos = head & mask_;
+    size_t free_bytes = ring_bytes_ - static_cast<size_t>(head_ - peer_tail_);
+    if (free_bytes < n) {
+      peer_tail_ = out_->tail.load(std::memory_order_acquire);
+      free_bytes = ring_bytes_ - static_cast<size_t>(head_ - peer_tail_);
+    }
+    size_t pos = head_ & mask_;
     size_t k = std::min({n, free_bytes, ring_bytes_ - pos});
     if (k == 0) return 0;
     std::memcpy(out_data_ + pos, data, k);
-    out_->head.store(head + k, std::memory_order_release);
+    head_ += k;
+    out_->head.store(head_, std::memory_order_release);
     return k;
   }
 
@@ -85,11 +91,17 @@ class ShmLink final : public Link {
   }
 
   size_t peek(void* dst, size_t n) override {
-    uint64_t tail = in_->tail.load(std::memory_order_relaxed);
     uint64_t head = in_->head.load(std::memory_order_acquire);
-    size_t k = std::min<size_t>(n, head - tail);
-    for (size_t i = 0; i < k; ++i) static_cast<uint8_t*>(dst)[i] = in_data_[(tail + i) & mask_];
+    size_t k = std::min<size_t>(n, head - tail_);
+    for (size_t i = 0; i < k; ++i) static_cast<uint8_t*>(dst)[i] = in_data_[(tail_ + i) & mask_];
     return k;
+  }
+
+  void flush() override {
+    if (tail_ != tail_published_) {
+      in_->tail.store(tail_, std::memory_order_release);
+      tail_published_ = tail_;
+    }
   }
 
   void check_peer() override {
@@ -123,17 +135,18 @@ class ShmLink final : public Link {
 
  protected:
   size_t peek_span(size_t n, const uint8_t** p) override {
-    uint64_t tail = in_->tail.load(std::memory_order_relaxed);
-    uint64_t head = in_->head.load(std::memory_order_acquire);
-    size_t avail = static_cast<size_t>(head - tail);
-    size_t pos = tail & mask_;
+    if (peer_head_ == tail_) peer_head_ = in_->head.load(std::memory_order_acquire);
+    size_t avail = static_cast<size_t>(peer_head_ - tail_);
+    size_t pos = tail_ & mask_;
     size_t k = std::min({n, avail, ring_bytes_ - pos});
     *p = in_data_ + pos;
     return k;
   }
 
   void release(size_t n) override {
-    in_->tail.store(in_->tail.load(std::memory_order_relaxed) + n, std::memory_order_release);
+    tail_ += n;
+    // Publish consumption in batches; the engine flushes the rest whenever it goes idle.
+    if (tail_ - tail_published_ >= ring_bytes_ / 4) flush();
   }
 
  private:
@@ -147,6 +160,11 @@ class ShmLink final : public Link {
   uint8_t* out_data_ = nullptr;
   uint8_t* in_data_ = nullptr;
   int pidfd_ = -1;
+  uint64_t head_ = 0;            // our outgoing head (published at once)
+  uint64_t peer_tail_ = 0;       // last seen consumer position of our outgoing ring
+  uint64_t tail_ = 0;            // our consumption of the incoming ring
+  uint64_t tail_published_ = 0;  // what the producer has been told
+  uint64_t peer_head_ = 0;       // last seen producer position of the incoming ring
 };
 
 void* map_fd(int fd, size_t bytes, const std::string& name) {
@@ -168,7 +186,7 @@ std::unique_ptr<Link> connect_shm(Store& store, const ShmOptions& opt, const Pee
   const bool low = me.rank < peer.rank;
   const int a = std::min(me.rank, peer.rank), b = std::max(me.rank, peer.rank);
   const std::string name = opt.name_prefix + "-" + std::to_string(a) + "-" + std::to_string(b);
-  const std::string key = "shm/" + std::to_string(a) + "/" + std::to_string(b);
+  const std::string key = "shm" + name;  // unique per segment, so a pair may open several
   const size_t bytes = segment_size(ring);
   void* base = nullptr;
   if (low) {
