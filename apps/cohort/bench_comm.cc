@@ -123,6 +123,7 @@ Run add_bench_comm(CLI::App& app) {
     double factor = 2;
     int iters = 20, warmup = 5, root = 0;
     bool check = false;
+    bool blocking = false;
     std::string json, algo = "auto";
   };
   auto o = std::make_shared<Opts>();
@@ -143,6 +144,9 @@ Run add_bench_comm(CLI::App& app) {
   app.add_option("--root", o->root, "Root rank of broadcast, reduce, gather, scatter");
   app.add_option("--algo", o->algo, "auto, ring, rd, rabenseifner, hier, tree");
   app.add_flag("--check", o->check, "Verify every result");
+  app.add_flag("--blocking", o->blocking,
+               "Wait for each call before issuing the next (as MPI latency benchmarks do); "
+               "default: issue all iterations, then wait (as nccl-tests does)");
   app.add_option("--json", o->json, "Write the rows as JSON to this file (rank 0)");
 
   return [o]() -> int {
@@ -203,7 +207,10 @@ Run add_bench_comm(CLI::App& app) {
       c->barrier().wait();
       auto t0 = Clock::now();
       std::vector<comm::Work> works;
-      for (int i = 0; i < o->iters; ++i) works.push_back(run_once());
+      for (int i = 0; i < o->iters; ++i) {
+        works.push_back(run_once());
+        if (o->blocking) works.back().wait();
+      }
       // Collectives complete in issue order: wait for the last one first, so that the caller
       // sleeps once instead of waking (and taking a core) after every call.
       for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();

@@ -209,6 +209,11 @@ NativeComm::NativeComm(Store store, std::string token, std::string comm_name, in
   Group lg = local();
   local_rank_ = lg.me;
   local_size_ = lg.size();
+  // Callers run queued work themselves (no thread hand-off) when every rank of this host can
+  // have a core; with more ranks than cores, a thread that spins on behalf of a caller costs
+  // the ranks that would make progress, so the progress thread alone runs the queue.
+  callers_run_ = local_size_ <= static_cast<int>(std::thread::hardware_concurrency()) &&
+                 env::int_or("COHORT_CALLER_RUNS", 1) != 0;
   send_seq_.assign(static_cast<size_t>(n), 0);
   recv_seq_.assign(static_cast<size_t>(n), 0);
   scratch_.resize(4);
@@ -387,7 +392,7 @@ Work NativeComm::submit(Task task) {
   // A progress thread that has been idle for a while sleeps long: wake it. One that ran work
   // recently polls often enough by itself, and waking it for every call would cost a system
   // call and a context switch each time.
-  if (poll_us_.load(std::memory_order_relaxed) >= kWakeAboveUs) cv_.notify_one();
+  if (!callers_run_ || poll_us_.load(std::memory_order_relaxed) >= kWakeAboveUs) cv_.notify_one();
   return Work(w);
 }
 
@@ -447,6 +452,7 @@ bool NativeComm::run_next() {
 }
 
 bool NativeComm::help(const std::atomic<bool>& ready) {
+  if (!callers_run_) return false;
   std::unique_lock<std::mutex> run(run_mu_, std::try_to_lock);
   if (!run.owns_lock()) return false;
   while (!ready.load(std::memory_order_acquire) && run_next()) {
@@ -460,19 +466,26 @@ void NativeComm::progress_loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       poll_us_.store(poll_us, std::memory_order_relaxed);
-      cv_.wait_for(lock, std::chrono::microseconds(poll_us),
-                   [&] { return stopping_ || !queue_.empty(); });
+      if (callers_run_) {
+        cv_.wait_for(lock, std::chrono::microseconds(poll_us),
+                     [&] { return stopping_ || !queue_.empty(); });
+      } else {
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      }
       if (queue_.empty() && stopping_) return;
       if (queue_.empty()) {
         poll_us = std::min(poll_us * 2, kMaxPollUs);  // idle: back off
         continue;
       }
     }
-    poll_us = kMinPollUs;
     // A waiting caller may be running the queue: do not block on it (its unlock would then
-    // have to wake this thread); look again shortly.
+    // have to wake this thread), and do not poll it hard either: look again later.
     std::unique_lock<std::mutex> run(run_mu_, std::try_to_lock);
-    if (!run.owns_lock()) continue;
+    if (!run.owns_lock()) {
+      poll_us = std::min(poll_us * 2, kMaxPollUs);
+      continue;
+    }
+    poll_us = kMinPollUs;
     while (run_next()) {
     }
   }

@@ -143,6 +143,7 @@ class NativeComm final : public Communicator,
   // when idle; calls wake it only when it sleeps longer than kWakeAboveUs.
   static constexpr int kMinPollUs = 100, kMaxPollUs = 20000, kWakeAboveUs = 400;
   std::atomic<int> poll_us_{kMaxPollUs};
+  bool callers_run_ = true;  // Work::wait() may run queued tasks (set once at construction)
   bool stopping_ = false;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;  // guarded by mu_

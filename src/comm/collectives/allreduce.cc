@@ -4,6 +4,7 @@
 
 #include "../engine.h"
 #include "cohort/comm/reduce.h"
+#include "cohort/core/env.h"
 #include "cohort/core/error.h"
 
 namespace cohort::comm::detail {
@@ -105,9 +106,19 @@ void allreduce(Engine& e, const void* in_v, void* out_v, size_t count, Algo algo
   }
   switch (algo) {
     case Algo::ring: {
+      // Large buffers go round the ring in slices, so that what the allgather sends was
+      // reduced moments ago and is still in cache instead of being read back from memory.
       const Group& g = e.world();
-      ring_reduce_scatter(e, g, in, out, count);
-      ring_allgather(e, g, out, count, (g.me + 1) % g.size());
+      static const size_t slice_bytes =
+          static_cast<size_t>(env::int_or("COHORT_RING_SLICE", 4 << 20));
+      const size_t per = std::max<size_t>(1, slice_bytes / e.esize()) * g.size();
+      for (size_t off = 0; off < count || off == 0; off += per) {
+        const size_t n = std::min(per, count - off);
+        const size_t b = off * e.esize();
+        ring_reduce_scatter(e, g, in + b, out + b, n);
+        ring_allgather(e, g, out + b, n, (g.me + 1) % g.size());
+        if (count == 0) break;
+      }
       break;
     }
     case Algo::hierarchical: {
