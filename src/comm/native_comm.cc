@@ -357,6 +357,34 @@ NativeComm::~NativeComm() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (server_ && aborted_.load()) linger_for_peers();
+}
+
+// This process hosts the store and the job is failing: the other ranks are about to look up
+// the first failure there. Keep serving until they have (each counts itself in "failed"), or
+// until no one has for a while; at most a few seconds.
+void NativeComm::linger_for_peers() {
+  const auto t0 = Clock::now();
+  auto last_change = t0;
+  int64_t last = -1;
+  Store quick = store_.with_timeout(std::chrono::milliseconds(500));
+  while (Clock::now() - t0 < std::chrono::seconds(3)) {
+    int64_t failed = 0;
+    try {
+      failed = quick.add("failed", 0);
+    } catch (const std::exception&) {
+      return;
+    }
+    if (failed >= size() - 1) return;
+    if (failed != last) {
+      last = failed;
+      last_change = Clock::now();
+    } else if (Clock::now() - last_change > std::chrono::milliseconds(500) &&
+               Clock::now() - t0 > std::chrono::seconds(1)) {
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 std::string NativeComm::describe() const {
@@ -426,8 +454,7 @@ bool NativeComm::run_next() {
     } catch (const CommError& e) {
       std::string msg =
           "rank " + std::to_string(rank_) + ": " + desc_.str() + " failed: " + e.message();
-      fail_broken(msg);
-      std::string cause = root_cause();
+      std::string cause = fail_broken(msg);
       if (!cause.empty() && cause.find(msg) == std::string::npos) {
         msg += "; first failure in the job: " + cause;
       }
@@ -491,11 +518,15 @@ void NativeComm::progress_loop() {
   }
 }
 
-void NativeComm::fail_broken(const std::string& message) {
+std::string NativeComm::fail_broken(const std::string& message) {
   aborted_.store(true);
-  // Publish the first failure so that ranks that only see a closed connection can name it.
+  // Publish the first failure so that ranks that only see a closed connection can name it;
+  // what the store then holds is the job's first failure, maybe another rank's.
+  std::string first;
   try {
-    store_.with_timeout(std::chrono::milliseconds(2000)).compare_set("abort", "", message);
+    Store quick = store_.with_timeout(std::chrono::milliseconds(2000));
+    first = quick.compare_set("abort", "", message);
+    quick.add("failed", 1);
   } catch (const std::exception&) {
   }
   for (auto& lanes : links_) {
@@ -504,16 +535,7 @@ void NativeComm::fail_broken(const std::string& message) {
   for (auto& l : eager_) {
     if (l) l->abort(message);
   }
-}
-
-std::string NativeComm::root_cause() {
-  try {
-    auto v = store_.with_timeout(std::chrono::milliseconds(1000))
-                 .get_for("abort", std::chrono::milliseconds(0));
-    return v.value_or("");
-  } catch (const std::exception&) {
-    return "";
-  }
+  return first;
 }
 
 void NativeComm::abort(const std::string& reason) {

@@ -103,12 +103,12 @@ class NativeComm final : public Communicator,
   Work submit(Task task);
   void run_task(const Task& t);
   void progress_loop();
-  bool run_next();  // caller holds run_mu_
-  void fail_broken(const std::string& message);
+  bool run_next();                                      // caller holds run_mu_
+  std::string fail_broken(const std::string& message);  // returns the job's first failure
   void check_while_idle(Clock::time_point idle_since);
   std::vector<Link*> links_of(int peer) const;  // every lane and the eager link
   [[noreturn]] void mismatch(int peer, const wire::MsgHeader& h);
-  std::string root_cause();
+  void linger_for_peers();
   void connect_links();
   void validate_args(const char* what, size_t count, int root, int peer);
 
