@@ -50,6 +50,10 @@ struct RecvOp {
   const void* local = nullptr;  // if set: dst = local (op) incoming, elementwise
 };
 
+// Sends of at most this many bytes are copied out when an exchange starts, so their buffer may
+// also be a receive destination of the same exchange.
+inline constexpr size_t kStagedSendBytes = 2048;
+
 class Engine {
  public:
   virtual ~Engine() = default;

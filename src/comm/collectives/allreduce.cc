@@ -56,12 +56,17 @@ void recursive_doubling_allreduce(Engine& e, const Group& g, uint8_t* buf, size_
   const int p = pow2_floor(g.size());
   const int ni = fold_in(e, g, buf, bytes, p);
   if (ni >= 0) {
-    // Receive into scratch: the send reads buf while the partner's data arrive.
-    auto* tmp = static_cast<uint8_t*>(e.scratch(bytes, 0));
     for (int d = 1; d < p; d *= 2) {
       const int partner = core_rank(g, p, ni ^ d);
-      e.exchange({{partner, buf, bytes}}, {{partner, tmp, bytes}});
-      e.reduce_into(buf, buf, tmp, count);
+      if (bytes <= kStagedSendBytes) {
+        // The send is staged before anything arrives: reduce straight into buf.
+        e.exchange({{partner, buf, bytes}}, {{partner, buf, bytes, buf}});
+      } else {
+        // The send reads buf while the partner's data arrive: receive into scratch.
+        auto* tmp = static_cast<uint8_t*>(e.scratch(bytes, 0));
+        e.exchange({{partner, buf, bytes}}, {{partner, tmp, bytes}});
+        e.reduce_into(buf, buf, tmp, count);
+      }
     }
   }
   fold_out(e, g, buf, bytes, p);
