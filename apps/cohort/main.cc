@@ -15,11 +15,16 @@ int main(int argc, char** argv) {
       app.add_subcommand("launch", "Start N local ranks of a program (torchrun-style)");
   runs[launch] = cohort::cli::add_launch(*launch);
 
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: comm");
+  CLI::App* make = app.add_subcommand("make-dataset", "Write a synthetic data set (scans)");
+  runs[make] = cohort::cli::add_make_dataset(*make);
+
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: comm, data");
   bench->require_subcommand(1);
   CLI::App* bench_comm =
       bench->add_subcommand("comm", "Collective bandwidth and latency, nccl-tests style");
   runs[bench_comm] = cohort::cli::add_bench_comm(*bench_comm);
+  CLI::App* bench_data = bench->add_subcommand("data", "Input pipeline throughput and determinism");
+  runs[bench_data] = cohort::cli::add_bench_data(*bench_data);
 
   try {
     app.parse(argc, argv);

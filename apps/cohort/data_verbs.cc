@@ -1,0 +1,153 @@
+// `cohort make-dataset scans` and `cohort bench data`.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cohort/comm/communicator.h"
+#include "cohort/core/clock.h"
+#include "cohort/core/error.h"
+#include "cohort/core/rng.h"
+#include "cohort/data/pipeline.h"
+#include "cohort/data/scans.h"
+#include "verbs.h"
+
+namespace cohort::cli {
+
+Run add_make_dataset(CLI::App& app) {
+  auto o = std::make_shared<data::ScanSetOptions>();
+  auto kind = std::make_shared<std::string>();
+  app.add_option("kind", *kind, "What to make: scans")->required()->check(CLI::IsMember({"scans"}));
+  app.add_option("--out", o->out, "Output folder")->required();
+  app.add_option("--count", o->count, "Number of images")->check(CLI::Range(1, 10000000));
+  app.add_option("--format", o->format, "png or jpeg")->check(CLI::IsMember({"png", "jpeg"}));
+  app.add_option("--size", o->width, "Width (and height unless --height) in pixels");
+  app.add_option("--height", o->height, "Height in pixels (default: --size)");
+  app.add_option("--channels", o->channels, "1 (gray) or 3 (the gray scan as RGB)");
+  app.add_option("--bits", o->bits, "PNG bit depth: 8 or 16");
+  app.add_option("--quality", o->quality, "JPEG quality")->check(CLI::Range(1, 100));
+  app.add_option("--lesion-fraction", o->lesion_fraction, "Fraction of images with a lesion")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", o->seed, "Seed: the same seed gives the same files");
+  return [o, kind]() -> int {
+    data::ScanSetSummary s = data::make_scans(*o);
+    std::printf("make-dataset: %d images (%d normal, %d lesion, %.1f MB) in %s\n",
+                s.normal + s.lesion, s.normal, s.lesion, s.bytes / 1e6, o->out.c_str());
+    return 0;
+  };
+}
+
+Run add_bench_data(CLI::App& app) {
+  struct Opts {
+    std::string source, json, layout = "nchw", out = "f32";
+    int batch = 32, workers = 2, size = 224, prefetch = 2, batches = 0, epochs = 0, channels = 0;
+    uint64_t seed = 0;
+    bool digest = false, fail = false, eval = false;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--source", o->source, "ImageFolder or CSV list")->required();
+  app.add_option("--batch", o->batch, "Samples per batch")->check(CLI::Range(1, 65536));
+  app.add_option("--workers", o->workers, "Worker threads")->check(CLI::Range(1, 256));
+  app.add_option("--size", o->size, "Output height and width")->check(CLI::Range(1, 16384));
+  app.add_option("--prefetch", o->prefetch, "Batches prepared ahead")->check(CLI::Range(1, 64));
+  app.add_option("--batches", o->batches, "Stop after this many batches");
+  app.add_option("--epochs", o->epochs, "Run this many epochs (default 1 unless --batches)");
+  app.add_option("--channels", o->channels, "3: repeat gray to 3 channels");
+  app.add_option("--layout", o->layout, "nchw or nhwc")->check(CLI::IsMember({"nchw", "nhwc"}));
+  app.add_option("--out-type", o->out, "f32 or u8")->check(CLI::IsMember({"f32", "u8"}));
+  app.add_option("--seed", o->seed, "Seed of the sampler and the augmentations");
+  app.add_flag("--digest", o->digest, "Print a hash of every batch's bytes and of the whole run");
+  app.add_flag("--fail-on-corrupt", o->fail, "Stop at the first unreadable file (default: skip)");
+  app.add_flag("--eval", o->eval, "Resize + center crop instead of the training augmentations");
+  app.add_option("--json", o->json, "Write the figures as JSON");
+  return [o]() -> int {
+    comm::JobEnv job = comm::detect_job_env();  // shard by rank when launched with several
+    data::PipelineOptions po;
+    po.batch = o->batch;
+    po.workers = o->workers;
+    po.size = o->size;
+    po.prefetch = o->prefetch;
+    po.seed = o->seed;
+    po.channels = o->channels;
+    po.train = !o->eval;
+    po.layout = o->layout == "nchw" ? data::Layout::nchw : data::Layout::nhwc;
+    po.out = o->out == "f32" ? data::OutType::f32 : data::OutType::u8;
+    po.fail_on_corrupt = o->fail;
+    po.hash_samples = o->digest;
+    po.world = job.world;
+    po.rank = job.rank;
+    auto samples = data::open_source(o->source);
+    data::Pipeline p(std::move(samples), po);
+    const int epochs = o->epochs > 0 ? o->epochs : (o->batches > 0 ? 1 << 30 : 1);
+    uint64_t total = 0, n_batches = 0, images = 0;
+    auto t0 = Clock::now();
+    auto last_print = t0;
+    for (int e = 0; e < epochs; ++e) {
+      p.start_epoch(static_cast<uint64_t>(e));
+      data::Batch b;
+      bool more = true;
+      while ((more = p.next(&b))) {
+        if (o->digest) {  // hashing 20 MB batches costs a core: only when asked
+          uint64_t h = mix64(n_batches);
+          const uint64_t* w = reinterpret_cast<const uint64_t*>(b.data);
+          for (size_t i = 0; i < b.bytes / 8; ++i) h = mix64(h ^ w[i]);
+          total = mix64(total ^ h);
+          std::printf("batch %llu %016llx\n", static_cast<unsigned long long>(n_batches),
+                      static_cast<unsigned long long>(h));
+        }
+        images += static_cast<uint64_t>(b.size);
+        ++n_batches;
+        if (seconds_since(last_print) > 5) {
+          last_print = Clock::now();
+          std::fprintf(stderr, "bench data: epoch %d, %llu batches, %.1f images/s\n", e,
+                       static_cast<unsigned long long>(n_batches), images / seconds_since(t0));
+        }
+        if (o->batches > 0 && n_batches >= static_cast<uint64_t>(o->batches)) break;
+      }
+      if (o->batches > 0 && n_batches >= static_cast<uint64_t>(o->batches)) break;
+    }
+    const double secs = seconds_since(t0);
+    data::PipelineStats st = p.stats();
+    const double ips = images / secs;
+    std::printf("# cohort bench data: %s, batch %d, %d workers, %dx%d, rank %d/%d\n",
+                o->source.c_str(), o->batch, o->workers, o->size, o->size, job.rank, job.world);
+    std::printf("images/s %.1f  batches %llu  images %llu  skipped %llu  seconds %.2f\n", ips,
+                static_cast<unsigned long long>(n_batches), static_cast<unsigned long long>(images),
+                static_cast<unsigned long long>(st.skipped), secs);
+    const double per = st.images ? 1e3 / st.images : 0;
+    std::printf(
+        "ms/image per operator: read %.3f decode %.3f crop+resize %.3f flip+normalize %.3f; "
+        "consumer waited %.2f s; ready batches on arrival %.2f\n",
+        st.read_s * per, st.decode_s * per, st.resize_s * per, st.post_s * per, st.consumer_wait_s,
+        st.mean_queue);
+    if (o->digest) std::printf("digest %016llx\n", static_cast<unsigned long long>(total));
+    if (!o->json.empty()) {
+      nlohmann::json j = {{"source", o->source},
+                          {"batch", o->batch},
+                          {"workers", o->workers},
+                          {"size", o->size},
+                          {"images_per_s", ips},
+                          {"images", images},
+                          {"batches", n_batches},
+                          {"skipped", st.skipped},
+                          {"seconds", secs},
+                          {"ms_read", st.read_s * per},
+                          {"ms_decode", st.decode_s * per},
+                          {"ms_resize", st.resize_s * per},
+                          {"ms_post", st.post_s * per},
+                          {"consumer_wait_s", st.consumer_wait_s},
+                          {"mean_queue", st.mean_queue}};
+      if (o->digest) {
+        char hex[17];
+        std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(total));
+        j["digest"] = hex;
+      }
+      std::ofstream f(o->json);
+      if (!f) COHORT_THROW("cannot write --json file '" << o->json << "'");
+      f << j.dump(2) << "\n";
+    }
+    return 0;
+  };
+}
+
+}  // namespace cohort::cli

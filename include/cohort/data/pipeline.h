@@ -1,0 +1,122 @@
+// The input pipeline: a reader (ImageFolder or CSV list, sharded by the Sampler), operators
+// (decode, crop/resize, flip, jitter, normalize) run by a thread pool, and batches assembled
+// into preallocated aligned buffers handed over through a bounded prefetch queue. Memory does
+// not grow with the data set; every sample's randomness is keyed on (seed, epoch, sample).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cohort/data/sampler.h"
+
+namespace cohort::data {
+
+struct Sample {
+  std::string path;
+  std::vector<int> labels;  // one label per class task; several for multi-label findings
+};
+
+// ImageFolder layout: one sub-folder per class, sorted by name; label = folder index.
+std::vector<Sample> scan_image_folder(const std::string& dir, std::vector<std::string>* classes);
+// CSV: a header line, then path,label[,label...]; relative paths are relative to the CSV.
+std::vector<Sample> read_csv_list(const std::string& csv_path);
+// A folder (ImageFolder) or a .csv file.
+std::vector<Sample> open_source(const std::string& path);
+
+enum class Layout { nchw, nhwc };
+enum class OutType { f32, u8 };
+
+struct PipelineOptions {
+  int batch = 32;
+  int workers = 2;
+  int prefetch = 2;  // batches ready ahead of the consumer
+  int size = 224;    // output height and width
+  uint64_t seed = 0;
+  bool train = true;  // random-resized-crop + flips; otherwise resize + center crop
+  int resize = 256;   // eval: shorter side before the center crop
+  bool hflip = true;
+  bool vflip = false;
+  float brightness = 0, contrast = 0;               // jitter amplitudes (0: off)
+  int channels = 0;                                 // 0: as decoded; 3: gray repeated to 3 channels
+  std::vector<float> mean{0.485f, 0.456f, 0.406f};  // applied to values scaled to [0, 1]
+  std::vector<float> std{0.229f, 0.224f, 0.225f};
+  Layout layout = Layout::nchw;
+  OutType out = OutType::f32;
+  bool fail_on_corrupt = false;  // default: skip, warn and count
+  bool hash_samples = false;     // fill Batch::sample_hashes (determinism checks)
+  int world = 1, rank = 0;
+  bool shuffle = true, drop_last = false;
+};
+
+struct Batch {
+  const uint8_t* data = nullptr;  // size x C x H x W (or NHWC), OutType
+  int size = 0;                   // samples in this batch (the last may be short)
+  int channels = 0, height = 0, width = 0;
+  std::vector<int> labels;              // first label of each sample
+  std::vector<size_t> indices;          // data set index of each sample
+  std::vector<uint64_t> sample_hashes;  // per sample output hash (for determinism checks)
+  size_t bytes = 0;
+};
+
+struct PipelineStats {
+  uint64_t images = 0, skipped = 0, batches = 0;
+  double read_s = 0, decode_s = 0, resize_s = 0, post_s = 0;  // summed over workers
+  double consumer_wait_s = 0;
+  double mean_queue = 0;  // ready batches seen by the consumer, on average
+};
+
+class Pipeline {
+ public:
+  Pipeline(std::vector<Sample> samples, PipelineOptions opt);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // Starts an epoch at a global position (resume); batches then come in order.
+  void start_epoch(uint64_t epoch, size_t from = 0);
+  // The next batch of the epoch, valid until the next call; false at the end of the epoch.
+  bool next(Batch* out);
+  PipelineStats stats() const;
+  const Sampler& sampler() const { return sampler_; }
+  size_t batches_per_epoch() const;
+  int channels() const { return channels_; }
+
+ private:
+  struct Slot;
+  void worker_loop();
+  void run_task(size_t task);
+  void stop_workers();
+
+  std::vector<Sample> samples_;
+  PipelineOptions opt_;
+  Sampler sampler_;
+  int channels_ = 0;
+  size_t sample_bytes_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable work_cv_, ready_cv_;
+  std::vector<std::unique_ptr<Slot>> slots_;  // prefetch + 1 batch buffers
+  std::vector<size_t> order_;                 // this rank's indices for the epoch
+  uint64_t epoch_ = 0;
+  size_t next_task_ = 0;      // next (batch, sample) to claim
+  size_t consumed_ = 0;       // batches the consumer has given back
+  bool handed_ = false;       // the consumer holds batch consumed_
+  int inflight_ = 0;          // tasks being run by workers
+  std::exception_ptr error_;  // a worker's failure (policy fail), rethrown by next()
+  size_t num_batches_ = 0;
+  bool stop_ = false;
+  uint64_t generation_ = 0;  // bumped per epoch
+  std::vector<std::thread> threads_;
+
+  mutable std::mutex stats_mu_;
+  PipelineStats stats_;
+  double queue_sum_ = 0;
+};
+
+}  // namespace cohort::data

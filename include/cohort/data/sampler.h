@@ -1,0 +1,41 @@
+// DistributedSampler semantics: every rank draws the same permutation from (seed, epoch); rank
+// r takes global positions r, r + world, ...; the order is padded (repeating its start) or cut
+// (drop_last) so every rank has the same count. Positions are global, so a run can resume from
+// any (epoch, global position), with any world size, and continue the same global sequence.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace cohort::data {
+
+struct SamplerOptions {
+  uint64_t seed = 0;
+  bool shuffle = true;
+  bool drop_last = false;
+};
+
+class Sampler {
+ public:
+  Sampler(size_t dataset_size, int world, int rank, SamplerOptions opt = {});
+
+  // Global order of one epoch after padding or cutting: length total_size().
+  std::vector<size_t> global_order(uint64_t epoch) const;
+  // This rank's dataset indices for the epoch, starting at global position `from` (a multiple
+  // of nothing in particular: positions before it are skipped on every rank).
+  std::vector<size_t> indices(uint64_t epoch, size_t from = 0) const;
+
+  size_t total_size() const { return total_; }         // per epoch, all ranks
+  size_t per_rank() const { return total_ / world_; }  // samples per rank per epoch
+  int world() const { return world_; }
+  int rank() const { return rank_; }
+
+ private:
+  size_t n_;
+  int world_, rank_;
+  SamplerOptions opt_;
+  size_t total_;
+};
+
+}  // namespace cohort::data

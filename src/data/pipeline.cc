@@ -1,0 +1,359 @@
+#include "cohort/data/pipeline.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cohort/comm/types.h"
+#include "cohort/core/clock.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/core/rng.h"
+#include "cohort/data/image.h"
+#include "cohort/data/ops.h"
+
+namespace fs = std::filesystem;
+
+namespace cohort::data {
+
+// ---------------------------------------------------------------- sources
+std::vector<Sample> scan_image_folder(const std::string& dir, std::vector<std::string>* classes) {
+  if (!fs::is_directory(dir)) COHORT_THROW("data source '" << dir << "' is not a folder");
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.is_directory()) names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  if (names.empty()) COHORT_THROW("'" << dir << "' has no class sub-folders (ImageFolder layout)");
+  std::vector<Sample> out;
+  for (size_t c = 0; c < names.size(); ++c) {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(fs::path(dir) / names[c])) {
+      if (e.is_regular_file()) files.push_back(e.path().string());
+    }
+    std::sort(files.begin(), files.end());
+    for (auto& f : files) out.push_back(Sample{f, {static_cast<int>(c)}});
+  }
+  if (classes) *classes = names;
+  if (out.empty()) COHORT_THROW("'" << dir << "' holds no files");
+  return out;
+}
+
+std::vector<Sample> read_csv_list(const std::string& csv_path) {
+  std::ifstream in(csv_path);
+  if (!in) COHORT_THROW("cannot open CSV list '" << csv_path << "'");
+  const fs::path base = fs::path(csv_path).parent_path();
+  std::vector<Sample> out;
+  std::string line;
+  size_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line_no == 1) continue;  // header
+    std::stringstream ss(line);
+    std::string cell;
+    Sample s;
+    std::getline(ss, s.path, ',');
+    while (std::getline(ss, cell, ',')) {
+      char* end = nullptr;
+      long v = std::strtol(cell.c_str(), &end, 10);
+      if (cell.empty() || *end != '\0') {
+        COHORT_THROW(csv_path << ":" << line_no << ": label '" << cell << "' is not an integer");
+      }
+      s.labels.push_back(static_cast<int>(v));
+    }
+    if (s.labels.empty()) COHORT_THROW(csv_path << ":" << line_no << ": no label after the path");
+    if (fs::path(s.path).is_relative()) s.path = (base / s.path).string();
+    out.push_back(std::move(s));
+  }
+  if (out.empty()) COHORT_THROW("CSV list '" << csv_path << "' has no samples");
+  return out;
+}
+
+std::vector<Sample> open_source(const std::string& path) {
+  if (fs::is_regular_file(path) && fs::path(path).extension() == ".csv") return read_csv_list(path);
+  return scan_image_folder(path, nullptr);
+}
+
+// ---------------------------------------------------------------- pipeline
+struct Pipeline::Slot {
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf{nullptr, &std::free};
+  size_t batch = SIZE_MAX;
+  int count = 0;
+  int done = 0;
+  std::vector<int> labels;
+  std::vector<size_t> indices;
+  std::vector<uint64_t> hashes;
+  std::vector<uint8_t> valid;
+  std::vector<uint8_t> compact;  // scratch for skipping invalid samples
+};
+
+namespace {
+thread_local std::vector<float> t_planes;
+}
+
+Pipeline::Pipeline(std::vector<Sample> samples, PipelineOptions opt)
+    : samples_(std::move(samples)),
+      opt_(std::move(opt)),
+      sampler_(samples_.size(), opt_.world, opt_.rank,
+               SamplerOptions{opt_.seed, opt_.shuffle, opt_.drop_last}) {
+  COHORT_CHECK(opt_.batch >= 1, "batch " << opt_.batch);
+  COHORT_CHECK(opt_.workers >= 1 && opt_.workers <= 256, "workers " << opt_.workers);
+  COHORT_CHECK(opt_.prefetch >= 1 && opt_.prefetch <= 64, "prefetch " << opt_.prefetch);
+  COHORT_CHECK(opt_.size >= 1 && opt_.size <= 16384, "size " << opt_.size);
+  // Channels come from the first sample's header, so every batch has one shape.
+  ImageInfo info = probe(read_file(samples_.front().path), samples_.front().path);
+  channels_ = opt_.channels == 3 ? 3 : info.channels;
+  const size_t elem = opt_.out == OutType::f32 ? 4 : 1;
+  sample_bytes_ = static_cast<size_t>(channels_) * opt_.size * opt_.size * elem;
+  const size_t batch_bytes = (sample_bytes_ * opt_.batch + 63) & ~size_t(63);
+  for (int i = 0; i < opt_.prefetch + 1; ++i) {
+    auto s = std::make_unique<Slot>();
+    s->buf.reset(static_cast<uint8_t*>(std::aligned_alloc(64, batch_bytes)));
+    if (!s->buf) COHORT_THROW("cannot allocate " << batch_bytes << " bytes for a batch");
+    s->labels.resize(static_cast<size_t>(opt_.batch));
+    s->indices.resize(static_cast<size_t>(opt_.batch));
+    s->hashes.resize(static_cast<size_t>(opt_.batch));
+    s->valid.resize(static_cast<size_t>(opt_.batch));
+    slots_.push_back(std::move(s));
+  }
+  for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+}
+
+Pipeline::~Pipeline() {
+  stop_workers();
+}
+
+void Pipeline::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  ready_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+size_t Pipeline::batches_per_epoch() const {
+  size_t per = sampler_.per_rank();
+  return (per + static_cast<size_t>(opt_.batch) - 1) / static_cast<size_t>(opt_.batch);
+}
+
+void Pipeline::start_epoch(uint64_t epoch, size_t from) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Wait for tasks of the previous epoch still running: they write into the slots.
+  ready_cv_.wait(lock, [&] { return inflight_ == 0; });
+  order_ = sampler_.indices(epoch, from);
+  epoch_ = epoch;
+  ++generation_;
+  next_task_ = 0;
+  consumed_ = 0;
+  handed_ = false;
+  num_batches_ =
+      (order_.size() + static_cast<size_t>(opt_.batch) - 1) / static_cast<size_t>(opt_.batch);
+  for (auto& s : slots_) s->batch = SIZE_MAX;
+  lock.unlock();
+  work_cv_.notify_all();
+}
+
+void Pipeline::worker_loop() {
+  const size_t B = static_cast<size_t>(opt_.batch);
+  const size_t nslots = slots_.size();
+  while (true) {
+    size_t t;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] {
+        return stop_ || (next_task_ < order_.size() && next_task_ / B < consumed_ + nslots);
+      });
+      if (stop_) return;
+      t = next_task_++;
+      const size_t k = t / B;
+      Slot& s = *slots_[k % nslots];
+      if (t % B == 0) {  // the first task of a batch prepares its slot
+        s.batch = k;
+        s.done = 0;
+        s.count = static_cast<int>(std::min(B, order_.size() - k * B));
+        std::fill(s.valid.begin(), s.valid.end(), 0);
+      }
+      ++inflight_;
+    }
+    std::exception_ptr err;
+    try {
+      run_task(t);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --inflight_;
+      if (err && !error_) error_ = err;
+      Slot& s = *slots_[(t / B) % nslots];
+      if (s.batch == t / B) ++s.done;
+    }
+    ready_cv_.notify_all();
+  }
+}
+
+void Pipeline::run_task(size_t t) {
+  const size_t B = static_cast<size_t>(opt_.batch);
+  const size_t idx = order_[t];
+  const size_t j = t % B;
+  Slot& s = *slots_[(t / B) % slots_.size()];
+  const Sample& sample = samples_[idx];
+  CounterRng rng(key3(opt_.seed, epoch_, idx));
+  const int S = opt_.size;
+  auto t0 = Clock::now();
+  double read_s = 0, decode_s = 0, resize_s = 0, post_s = 0;
+  try {
+    std::vector<uint8_t> bytes = read_file(sample.path);
+    auto t1 = Clock::now();
+    read_s = std::chrono::duration<double>(t1 - t0).count();
+    ImageInfo info = probe(bytes, sample.path);
+    CropBox box = opt_.train ? random_resized_crop_box(info.width, info.height, rng)
+                             : resize_center_crop_box(info.width, info.height, opt_.resize, S);
+    int eighths = info.format == Format::jpeg
+                      ? jpeg_scale_for(static_cast<int>(box.w), static_cast<int>(box.h), S)
+                      : 8;
+    Image img = decode(bytes, sample.path, eighths);
+    if (img.channels != info.channels) {
+      COHORT_THROW_AS(DecodeError,
+                      sample.path << ": " << img.channels << " channels after decoding");
+    }
+    auto t2 = Clock::now();
+    decode_s = std::chrono::duration<double>(t2 - t1).count();
+    const double sx = static_cast<double>(img.width) / info.width;
+    const double sy = static_cast<double>(img.height) / info.height;
+    CropBox sbox{box.x * sx, box.y * sy, box.w * sx, box.h * sy};
+    const int C = img.channels;
+    if (C != 1 && C != channels_) {
+      COHORT_THROW_AS(DecodeError,
+                      sample.path << " has " << C << " channels, the batch has " << channels_);
+    }
+    const size_t plane = static_cast<size_t>(S) * S;
+    t_planes.resize(plane * static_cast<size_t>(channels_));
+    float* p = t_planes.data();
+    resize_crop(img, sbox, S, S, p);
+    auto t3 = Clock::now();
+    resize_s = std::chrono::duration<double>(t3 - t2).count();
+    if (opt_.train) {
+      const bool h = opt_.hflip && rng.uniform() < 0.5;
+      const bool v = opt_.vflip && rng.uniform() < 0.5;
+      if (h) flip_horizontal(p, C, S, S);
+      if (v) flip_vertical(p, C, S, S);
+      if (opt_.brightness > 0 || opt_.contrast > 0) {
+        const float maxv = img.bits == 16 ? 65535.f : 255.f;
+        float b = static_cast<float>(rng.uniform(-opt_.brightness, opt_.brightness)) * maxv;
+        float k = static_cast<float>(rng.uniform(1.0 - opt_.contrast, 1.0 + opt_.contrast));
+        brightness_contrast(p, C, S, S, b, k);
+      }
+    }
+    for (int c = C; c < channels_; ++c) std::memcpy(p + c * plane, p, plane * sizeof(float));
+    // Normalize (x / max - mean) / std = x * a + b, and write in the batch's layout and type.
+    const float inv = 1.f / (img.bits == 16 ? 65535.f : 255.f);
+    uint8_t* dst = s.buf.get() + j * sample_bytes_;
+    for (int c = 0; c < channels_; ++c) {
+      const float m = opt_.mean[std::min<size_t>(c, opt_.mean.size() - 1)];
+      const float sd = opt_.std[std::min<size_t>(c, opt_.std.size() - 1)];
+      const float* q = p + c * plane;
+      if (opt_.out == OutType::f32) {
+        const float a = inv / sd, b = -m / sd;
+        float* o = reinterpret_cast<float*>(dst);
+        if (opt_.layout == Layout::nchw) {
+          o += c * plane;
+          for (size_t i = 0; i < plane; ++i) o[i] = q[i] * a + b;
+        } else {
+          for (size_t i = 0; i < plane; ++i) o[i * channels_ + c] = q[i] * a + b;
+        }
+      } else {
+        const float a = inv * 255.f;
+        for (size_t i = 0; i < plane; ++i) {
+          const size_t o = opt_.layout == Layout::nchw ? c * plane + i : i * channels_ + c;
+          dst[o] = static_cast<uint8_t>(std::clamp(q[i] * a + 0.5f, 0.f, 255.f));
+        }
+      }
+    }
+    uint64_t h = 0;
+    if (opt_.hash_samples) {
+      h = mix64(idx);
+      const uint64_t* w = reinterpret_cast<const uint64_t*>(dst);
+      for (size_t i = 0; i < sample_bytes_ / 8; ++i) h = mix64(h ^ w[i]);
+      for (size_t i = sample_bytes_ / 8 * 8; i < sample_bytes_; ++i) h = mix64(h ^ dst[i]);
+    }
+    post_s = seconds_since(t3);
+    s.labels[j] = sample.labels.front();
+    s.indices[j] = idx;
+    s.hashes[j] = h;
+    s.valid[j] = 1;
+  } catch (const Error& e) {
+    if (opt_.fail_on_corrupt) throw;
+    COHORT_LOG(warn, "skipping " << sample.path << ": " << e.message());
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.skipped;
+    return;
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  ++stats_.images;
+  stats_.read_s += read_s;
+  stats_.decode_s += decode_s;
+  stats_.resize_s += resize_s;
+  stats_.post_s += post_s;
+}
+
+bool Pipeline::next(Batch* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (handed_) {  // the previous batch's buffer goes back to the workers
+    ++consumed_;
+    handed_ = false;
+    work_cv_.notify_all();
+  }
+  if (consumed_ >= num_batches_) return false;
+  const size_t k = consumed_;
+  Slot& s = *slots_[k % slots_.size()];
+  int ready = 0;
+  for (auto& sl : slots_)
+    ready += (sl->batch != SIZE_MAX && sl->batch >= k && sl->done == sl->count);
+  auto t0 = Clock::now();
+  ready_cv_.wait(lock, [&] { return error_ || stop_ || (s.batch == k && s.done == s.count); });
+  if (error_) std::rethrow_exception(error_);
+  const double waited = seconds_since(t0);
+  // Skipped samples leave holes: close them up so the batch is dense.
+  int n = 0;
+  for (int j = 0; j < s.count; ++j) {
+    if (!s.valid[static_cast<size_t>(j)]) continue;
+    if (n != j) {
+      std::memmove(s.buf.get() + n * sample_bytes_, s.buf.get() + j * sample_bytes_, sample_bytes_);
+      s.labels[static_cast<size_t>(n)] = s.labels[static_cast<size_t>(j)];
+      s.indices[static_cast<size_t>(n)] = s.indices[static_cast<size_t>(j)];
+      s.hashes[static_cast<size_t>(n)] = s.hashes[static_cast<size_t>(j)];
+    }
+    ++n;
+  }
+  out->data = s.buf.get();
+  out->size = n;
+  out->channels = channels_;
+  out->height = opt_.size;
+  out->width = opt_.size;
+  out->labels.assign(s.labels.begin(), s.labels.begin() + n);
+  out->indices.assign(s.indices.begin(), s.indices.begin() + n);
+  out->sample_hashes.assign(s.hashes.begin(), s.hashes.begin() + n);
+  out->bytes = sample_bytes_ * static_cast<size_t>(n);
+  handed_ = true;
+  std::lock_guard<std::mutex> sl(stats_mu_);
+  ++stats_.batches;
+  stats_.consumer_wait_s += waited;
+  queue_sum_ += ready;
+  stats_.mean_queue = queue_sum_ / static_cast<double>(stats_.batches);
+  return true;
+}
+
+PipelineStats Pipeline::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+}  // namespace cohort::data

@@ -1,0 +1,53 @@
+#include "cohort/data/sampler.h"
+
+#include <numeric>
+
+#include "cohort/core/error.h"
+#include "cohort/core/rng.h"
+
+namespace cohort::data {
+
+Sampler::Sampler(size_t dataset_size, int world, int rank, SamplerOptions opt)
+    : n_(dataset_size), world_(world), rank_(rank), opt_(opt) {
+  COHORT_CHECK(world >= 1 && rank >= 0 && rank < world, "rank " << rank << " of world " << world);
+  COHORT_CHECK(dataset_size > 0, "the data set is empty");
+  const size_t w = static_cast<size_t>(world);
+  if (opt_.drop_last) {
+    total_ = n_ / w * w;
+    COHORT_CHECK(total_ > 0,
+                 "drop_last with " << n_ << " samples and " << world << " ranks leaves nothing");
+  } else {
+    total_ = (n_ + w - 1) / w * w;
+  }
+}
+
+std::vector<size_t> Sampler::global_order(uint64_t epoch) const {
+  std::vector<size_t> order(n_);
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (opt_.shuffle) {  // Fisher-Yates driven by a generator keyed on (seed, epoch)
+    CounterRng rng(key3(opt_.seed, epoch, 0x5a3b1e));
+    for (size_t i = n_; i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+  }
+  order.resize(total_);                                           // cut (drop_last) ...
+  for (size_t i = n_; i < total_; ++i) order[i] = order[i - n_];  // ... or pad from the start
+  return order;
+}
+
+std::vector<size_t> Sampler::indices(uint64_t epoch, size_t from) const {
+  COHORT_CHECK(from <= total_,
+               "resume position " << from << " is past the epoch's " << total_ << " samples");
+  std::vector<size_t> order = global_order(epoch);
+  const size_t w = static_cast<size_t>(world_);
+  // Positions are dealt round-robin from `from`; a remainder that does not divide by the world
+  // size (after a resume with another world size) is padded from the epoch's start.
+  const size_t rounds = (total_ - from + w - 1) / w;
+  std::vector<size_t> mine;
+  mine.reserve(rounds);
+  for (size_t k = 0; k < rounds; ++k) {
+    size_t p = from + k * w + static_cast<size_t>(rank_);
+    mine.push_back(order[p < total_ ? p : p - total_]);
+  }
+  return mine;
+}
+
+}  // namespace cohort::data

@@ -1,0 +1,183 @@
+#include <gtest/gtest.h>
+#include <turbojpeg.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "cohort/core/rng.h"
+#include "cohort/data/image.h"
+#include "cohort/data/ops.h"
+
+using namespace cohort::data;
+
+namespace {
+
+Image pattern(int w, int h, int c, int bits) {
+  Image img;
+  img.width = w;
+  img.height = h;
+  img.channels = c;
+  img.bits = bits;
+  img.data.resize(img.row_bytes() * h);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      for (int k = 0; k < c; ++k) {
+        size_t i = (static_cast<size_t>(y) * w + x) * c + k;
+        int v = (x * 7 + y * 3 + k * 50) % 256;
+        if (bits == 8) {
+          img.data[i] = static_cast<uint8_t>(v);
+        } else {
+          uint16_t s = static_cast<uint16_t>(v * 257 + x);
+          std::memcpy(&img.data[2 * i], &s, 2);
+        }
+      }
+    }
+  }
+  return img;
+}
+
+}  // namespace
+
+TEST(Codecs, PngRoundTripIsExactFor8And16BitGrayAndRgb) {
+  for (int bits : {8, 16}) {
+    for (int c : {1, 3}) {
+      Image img = pattern(37, 23, c, bits);
+      auto png = encode_png(img);
+      EXPECT_EQ(sniff(png.data(), png.size()), Format::png);
+      Image back = decode(png, "round-trip.png");
+      ASSERT_EQ(back.width, 37);
+      ASSERT_EQ(back.height, 23);
+      ASSERT_EQ(back.channels, c);
+      ASSERT_EQ(back.bits, bits);
+      EXPECT_EQ(back.data, img.data) << bits << "-bit, " << c << " channels";
+    }
+  }
+}
+
+TEST(Codecs, JpegDecodedTwoWaysAgrees) {
+  Image img = pattern(64, 48, 3, 8);
+  auto jpg = encode_jpeg(img, 95);
+  Image ours = decode(jpg, "a.jpg");
+  // The same file through libjpeg-turbo's API directly.
+  tjhandle h = tjInitDecompress();
+  std::vector<uint8_t> ref(64 * 48 * 3);
+  ASSERT_EQ(
+      tjDecompress2(h, jpg.data(), jpg.size(), ref.data(), 64, 0, 48, TJPF_RGB, TJFLAG_FASTDCT), 0);
+  tjDestroy(h);
+  EXPECT_EQ(ours.data, ref);
+  // And, for a smooth image, close to the original pixels.
+  Image smooth = pattern(64, 48, 3, 8);
+  for (int y = 0; y < 48; ++y) {
+    for (int x = 0; x < 64; ++x) {
+      for (int k = 0; k < 3; ++k)
+        smooth.data[(y * 64 + x) * 3 + k] = static_cast<uint8_t>(x * 2 + y + 40);
+    }
+  }
+  Image back = decode(encode_jpeg(smooth, 95), "smooth.jpg");
+  double err = 0;
+  for (size_t i = 0; i < smooth.data.size(); ++i)
+    err += std::abs(int(smooth.data[i]) - int(back.data[i]));
+  EXPECT_LT(err / smooth.data.size(), 2.0);
+  // DCT-domain downscaling halves both sides.
+  Image half = decode(jpg, "a.jpg", 4);
+  EXPECT_EQ(half.width, 32);
+  EXPECT_EQ(half.height, 24);
+  EXPECT_EQ(jpeg_scale_for(500, 375, 224), 5);  // 5/8 keeps 312 x 234 >= 224
+  EXPECT_EQ(jpeg_scale_for(100, 100, 224), 8);
+}
+
+TEST(Codecs, CorruptTruncatedAndEmptyInputsAreErrorsNamingTheFile) {
+  Image img = pattern(64, 48, 3, 8);
+  auto jpg = encode_jpeg(img, 90);
+  std::vector<uint8_t> cut(jpg.begin(), jpg.begin() + static_cast<long>(jpg.size() / 2));
+  std::vector<uint8_t> empty;
+  std::vector<uint8_t> junk(100, 0x42);
+  auto png = encode_png(img);
+  std::vector<uint8_t> png_cut(png.begin(), png.begin() + static_cast<long>(png.size() / 2));
+  for (auto* bytes : {&cut, &empty, &junk, &png_cut}) {
+    try {
+      decode(*bytes, "bad/file.jpg");
+      FAIL() << "decoded a broken file of " << bytes->size() << " bytes";
+    } catch (const DecodeError& e) {
+      EXPECT_NE(std::string(e.what()).find("bad/file.jpg"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Ops, ResizeOfAConstantIsConstant) {
+  Image img = pattern(50, 40, 1, 8);
+  std::fill(img.data.begin(), img.data.end(), 77);
+  std::vector<float> out(17 * 13);
+  resize_crop(img, {3.5, 2.0, 41.0, 30.0}, 17, 13, out.data());
+  for (float v : out) EXPECT_NEAR(v, 77.f, 1e-3);
+  std::vector<float> up(90 * 70);
+  resize_crop(img, {0, 0, 50, 40}, 90, 70, up.data());
+  for (float v : up) EXPECT_NEAR(v, 77.f, 1e-3);
+}
+
+TEST(Ops, BilinearByHand) {
+  Image img;
+  img.width = 4;
+  img.height = 1;
+  img.channels = 1;
+  img.data = {0, 10, 20, 30};
+  // Shrinking 4 -> 2: triangle filter widened to support 2 (antialiasing).
+  std::vector<float> out(2);
+  resize_crop(img, {0, 0, 4, 1}, 2, 1, out.data());
+  EXPECT_NEAR(out[0], (0 * 0.75 + 10 * 0.75 + 20 * 0.25) / 1.75, 1e-4);
+  EXPECT_NEAR(out[1], (10 * 0.25 + 20 * 0.75 + 30 * 0.75) / 1.75, 1e-4);
+  // Enlarging 2 -> 4: plain bilinear with half-pixel centres.
+  Image two;
+  two.width = 2;
+  two.height = 1;
+  two.channels = 1;
+  two.data = {0, 10};
+  std::vector<float> up(4);
+  resize_crop(two, {0, 0, 2, 1}, 4, 1, up.data());
+  EXPECT_NEAR(up[0], 0.f, 1e-5);
+  EXPECT_NEAR(up[1], 2.5f, 1e-5);
+  EXPECT_NEAR(up[2], 7.5f, 1e-5);
+  EXPECT_NEAR(up[3], 10.f, 1e-5);
+  // A crop resized to its own size is the crop itself.
+  Image p = pattern(20, 10, 3, 8);
+  std::vector<float> same(3 * 6 * 4);
+  resize_crop(p, {5, 3, 6, 4}, 6, 4, same.data());
+  for (int c = 0; c < 3; ++c) {
+    for (int y = 0; y < 4; ++y) {
+      for (int x = 0; x < 6; ++x) EXPECT_FLOAT_EQ(same[(c * 4 + y) * 6 + x], p.at(x + 5, y + 3, c));
+    }
+  }
+}
+
+TEST(Ops, RandomResizedCropFollowsTorchvision) {
+  for (uint64_t k = 0; k < 2000; ++k) {
+    cohort::CounterRng rng(cohort::key3(1, 2, k));
+    CropBox b = random_resized_crop_box(500, 375, rng);
+    EXPECT_GE(b.x, 0);
+    EXPECT_GE(b.y, 0);
+    EXPECT_LE(b.x + b.w, 500);
+    EXPECT_LE(b.y + b.h, 375);
+    const double frac = b.w * b.h / (500.0 * 375.0);
+    EXPECT_GE(frac, 0.08 * 0.95);
+    EXPECT_LE(frac, 1.0);
+  }
+  // A very wide image makes every attempt fail: the fallback is a centred crop at ratio 4/3.
+  cohort::CounterRng rng(7);
+  CropBox f = random_resized_crop_box(1000, 10, rng, 0.99, 1.0);
+  EXPECT_EQ(f.h, 10);
+  EXPECT_EQ(f.w, 13);
+  EXPECT_EQ(f.x, (1000 - 13) / 2);
+  CropBox c = resize_center_crop_box(500, 375, 256, 224);
+  EXPECT_NEAR(c.w, 224 * 375.0 / 256, 1e-9);
+  EXPECT_NEAR(c.x, (500 - c.w) / 2, 1e-9);
+}
+
+TEST(Ops, FlipsAndJitter) {
+  std::vector<float> p = {1, 2, 3, 4, 5, 6};  // 1 channel, 2 x 3
+  flip_horizontal(p.data(), 1, 2, 3);
+  EXPECT_EQ(p, (std::vector<float>{3, 2, 1, 6, 5, 4}));
+  flip_vertical(p.data(), 1, 2, 3);
+  EXPECT_EQ(p, (std::vector<float>{6, 5, 4, 3, 2, 1}));
+  brightness_contrast(p.data(), 1, 2, 3, 1.0f, 2.0f);  // mean 3.5
+  EXPECT_FLOAT_EQ(p[0], (6 - 3.5f) * 2 + 3.5f + 1);
+}

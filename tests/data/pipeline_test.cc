@@ -1,0 +1,186 @@
+#include "cohort/data/pipeline.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "cohort/core/error.h"
+#include "cohort/data/image.h"
+#include "cohort/data/scans.h"
+
+using namespace cohort::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string make_set(const std::string& name, const std::string& format, int count) {
+  std::string dir =
+      (fs::temp_directory_path() / ("cohort-test-" + name + "-" + std::to_string(::getpid())))
+          .string();
+  fs::remove_all(dir);
+  ScanSetOptions o;
+  o.out = dir;
+  o.count = count;
+  o.format = format;
+  o.width = 64;
+  o.height = 48;
+  o.seed = 11;
+  make_scans(o);
+  return dir;
+}
+
+// (data set index -> hash of its output) over one epoch, and the batch sizes.
+std::map<size_t, uint64_t> run(const std::vector<Sample>& s, PipelineOptions o, uint64_t epoch,
+                               size_t from = 0, std::vector<size_t>* order = nullptr) {
+  o.hash_samples = true;
+  Pipeline p(s, o);
+  p.start_epoch(epoch, from);
+  std::map<size_t, uint64_t> out;
+  Batch b;
+  while (p.next(&b)) {
+    for (int i = 0; i < b.size; ++i) {
+      out[b.indices[static_cast<size_t>(i)]] = b.sample_hashes[static_cast<size_t>(i)];
+      if (order) order->push_back(b.indices[static_cast<size_t>(i)]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Pipeline, SameBytesWhateverTheThreadCount) {
+  auto dir = make_set("threads", "jpeg", 40);
+  auto samples = open_source(dir);
+  PipelineOptions o;
+  o.batch = 8;
+  o.size = 32;
+  o.seed = 5;
+  o.workers = 1;
+  std::vector<size_t> order1, order3;
+  auto one = run(samples, o, 1, 0, &order1);
+  o.workers = 3;
+  o.prefetch = 1;
+  auto three = run(samples, o, 1, 0, &order3);
+  EXPECT_EQ(one, three);
+  EXPECT_EQ(order1, order3);
+  EXPECT_EQ(one.size(), 40u);
+  auto other_epoch = run(samples, o, 2);
+  EXPECT_NE(one, other_epoch);
+  fs::remove_all(dir);
+}
+
+TEST(Pipeline, WorldSizesOneAndTwoProduceTheSameSamples) {
+  auto dir = make_set("world", "png", 30);
+  auto samples = open_source(dir);
+  PipelineOptions o;
+  o.batch = 4;
+  o.size = 24;
+  o.seed = 3;
+  auto whole = run(samples, o, 0);
+  o.world = 2;
+  std::map<size_t, uint64_t> merged;
+  for (int r = 0; r < 2; ++r) {
+    o.rank = r;
+    for (auto& [k, v] : run(samples, o, 0)) merged[k] = v;
+  }
+  EXPECT_EQ(whole, merged);
+  fs::remove_all(dir);
+}
+
+TEST(Pipeline, ResumeMidEpochContinuesExactly) {
+  auto dir = make_set("resume", "png", 25);
+  auto samples = open_source(dir);
+  PipelineOptions o;
+  o.batch = 4;
+  o.size = 16;
+  std::vector<size_t> full, tail;
+  auto a = run(samples, o, 3, 0, &full);
+  auto b = run(samples, o, 3, 12, &tail);
+  ASSERT_EQ(tail.size(), full.size() - 12);
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), full.begin() + 12));
+  for (auto& [k, v] : b) EXPECT_EQ(a.at(k), v);
+  fs::remove_all(dir);
+}
+
+TEST(Pipeline, CorruptFilesAreSkippedAndCountedOrFailWhenAsked) {
+  auto dir = make_set("corrupt", "jpeg", 12);
+  auto samples = open_source(dir);
+  // Truncate one file, empty another, replace a third with text.
+  auto bytes = read_file(samples[1].path);
+  bytes.resize(bytes.size() / 3);
+  write_file(samples[1].path, bytes);
+  write_file(samples[4].path, {});
+  write_file(samples[7].path, std::vector<uint8_t>{'h', 'e', 'l', 'l', 'o'});
+  PipelineOptions o;
+  o.batch = 5;
+  o.size = 16;
+  o.shuffle = false;
+  {
+    Pipeline p(samples, o);
+    p.start_epoch(0);
+    Batch b;
+    int images = 0;
+    while (p.next(&b)) images += b.size;
+    EXPECT_EQ(images, 9);
+    EXPECT_EQ(p.stats().skipped, 3u);
+  }
+  o.fail_on_corrupt = true;
+  Pipeline p(samples, o);
+  p.start_epoch(0);
+  Batch b;
+  try {
+    while (p.next(&b)) {
+    }
+    FAIL() << "no error with fail_on_corrupt";
+  } catch (const DecodeError& e) {
+    EXPECT_NE(std::string(e.what()).find("scan_"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Pipeline, ShapesLayoutsAndGrayToThree) {
+  auto dir = make_set("shape", "png", 6);
+  auto samples = open_source(dir);
+  PipelineOptions o;
+  o.batch = 4;
+  o.size = 8;
+  o.channels = 3;
+  o.train = false;
+  o.resize = 10;
+  o.mean = {0.5f};
+  o.std = {0.25f};
+  Pipeline p(samples, o);
+  p.start_epoch(0);
+  Batch b;
+  ASSERT_TRUE(p.next(&b));
+  EXPECT_EQ(b.size, 4);
+  EXPECT_EQ(b.channels, 3);
+  EXPECT_EQ(b.bytes, 4u * 3 * 8 * 8 * 4);
+  const float* f = reinterpret_cast<const float*>(b.data);
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ(f[i], f[64 + i]);  // gray repeated
+    EXPECT_GE(f[i], -2.0f - 1e-5);
+    EXPECT_LE(f[i], 2.0f + 1e-5);
+  }
+  ASSERT_TRUE(p.next(&b));
+  EXPECT_EQ(b.size, 2);  // the last batch is short
+  EXPECT_FALSE(p.next(&b));
+  fs::remove_all(dir);
+}
+
+TEST(Pipeline, BadSourcesAreClearErrors) {
+  EXPECT_THROW(open_source("/nonexistent/folder"), cohort::Error);
+  auto csv =
+      (fs::temp_directory_path() / ("cohort-bad-" + std::to_string(::getpid()) + ".csv")).string();
+  std::ofstream(csv) << "path,label\nimg.png,notanumber\n";
+  try {
+    open_source(csv);
+    FAIL();
+  } catch (const cohort::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(":2:"), std::string::npos) << e.what();
+  }
+  fs::remove(csv);
+}

@@ -1,0 +1,74 @@
+#include "cohort/data/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "cohort/core/error.h"
+
+using namespace cohort::data;
+
+TEST(Sampler, RanksAreDisjointCompleteAndEqual) {
+  for (size_t n : {1, 7, 10, 97, 1000}) {
+    for (int world : {1, 2, 3, 8}) {
+      std::multiset<size_t> all;
+      size_t per = 0;
+      for (int r = 0; r < world; ++r) {
+        Sampler s(n, world, r, {42, true, false});
+        auto mine = s.indices(3);
+        if (r == 0) per = mine.size();
+        EXPECT_EQ(mine.size(), per) << "n " << n << " world " << world;
+        all.insert(mine.begin(), mine.end());
+      }
+      std::set<size_t> distinct(all.begin(), all.end());
+      EXPECT_EQ(distinct.size(), n) << "every sample is drawn";
+      EXPECT_EQ(all.size(), (n + world - 1) / world * world) << "padding only to a multiple";
+    }
+  }
+}
+
+TEST(Sampler, DropLastCutsInsteadOfPadding) {
+  Sampler s(10, 3, 0, {1, true, true});
+  EXPECT_EQ(s.total_size(), 9u);
+  std::set<size_t> seen;
+  for (int r = 0; r < 3; ++r) {
+    for (size_t i : Sampler(10, 3, r, {1, true, true}).indices(0))
+      EXPECT_TRUE(seen.insert(i).second);
+  }
+  EXPECT_EQ(seen.size(), 9u);
+}
+
+TEST(Sampler, SamePermutationOnEveryRankNewOneEachEpoch) {
+  Sampler a(100, 4, 0, {5}), b(100, 4, 3, {5});
+  EXPECT_EQ(a.global_order(2), b.global_order(2));
+  EXPECT_NE(a.global_order(2), a.global_order(3));
+  EXPECT_NE(a.global_order(2), Sampler(100, 4, 0, {6}).global_order(2));
+  auto unshuffled = Sampler(10, 1, 0, {5, false}).global_order(0);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(unshuffled[i], i);
+}
+
+TEST(Sampler, ResumeContinuesTheGlobalSequenceWithAnyWorldSize) {
+  const size_t n = 103;
+  const auto order = Sampler(n, 1, 0, {9}).global_order(4);
+  for (size_t from : {0, 10, 64, 102}) {
+    for (int world : {1, 2, 4}) {
+      // Interleave the ranks' sequences: they must continue the global order from `from`.
+      std::vector<std::vector<size_t>> parts;
+      for (int r = 0; r < world; ++r) parts.push_back(Sampler(n, world, r, {9}).indices(4, from));
+      std::vector<size_t> merged;
+      for (size_t k = 0; k < parts[0].size(); ++k) {
+        for (int r = 0; r < world; ++r) merged.push_back(parts[static_cast<size_t>(r)][k]);
+      }
+      Sampler s(n, world, 0, {9});
+      for (size_t p = from; p < s.total_size() && p - from < merged.size(); ++p) {
+        EXPECT_EQ(merged[p - from], s.global_order(4)[p]) << "from " << from << " world " << world;
+      }
+      if (world == 1) {
+        EXPECT_TRUE(
+            std::equal(merged.begin(), merged.end(), order.begin() + static_cast<long>(from)));
+      }
+    }
+  }
+  EXPECT_THROW(Sampler(10, 1, 0).indices(0, 11), cohort::Error);
+}
