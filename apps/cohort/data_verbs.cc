@@ -10,6 +10,7 @@
 #include "cohort/core/rng.h"
 #include "cohort/data/pipeline.h"
 #include "cohort/data/scans.h"
+#include "cohort/data/shards.h"
 #include "verbs.h"
 
 namespace cohort::cli {
@@ -37,6 +38,22 @@ Run add_make_dataset(CLI::App& app) {
   };
 }
 
+Run add_pack(CLI::App& app) {
+  auto src = std::make_shared<std::string>();
+  auto o = std::make_shared<data::PackOptions>();
+  app.add_option("source", *src, "ImageFolder or CSV list to pack")->required();
+  app.add_option("--out", o->out, "Output folder for the shards")->required();
+  app.add_option("--shards", o->shards, "Number of shard files")->check(CLI::Range(1, 100000));
+  return [src, o]() -> int {
+    auto source = data::open_source(*src);
+    auto t0 = Clock::now();
+    data::PackSummary s = data::pack(*source, *o);
+    std::printf("pack: %zu records, %.1f MB in %d shards under %s (%.1f s)\n", s.records,
+                s.bytes / 1e6, o->shards, o->out.c_str(), seconds_since(t0));
+    return 0;
+  };
+}
+
 Run add_bench_data(CLI::App& app) {
   struct Opts {
     std::string source, json, layout = "nchw", out = "f32";
@@ -54,7 +71,8 @@ Run add_bench_data(CLI::App& app) {
   app.add_option("--epochs", o->epochs, "Run this many epochs (default 1 unless --batches)");
   app.add_option("--channels", o->channels, "3: repeat gray to 3 channels");
   app.add_option("--layout", o->layout, "nchw or nhwc")->check(CLI::IsMember({"nchw", "nhwc"}));
-  app.add_option("--out-type", o->out, "f32 or u8")->check(CLI::IsMember({"f32", "u8"}));
+  app.add_option("--out-type", o->out, "f32, bf16 or u8")
+      ->check(CLI::IsMember({"f32", "bf16", "u8"}));
   app.add_option("--seed", o->seed, "Seed of the sampler and the augmentations");
   app.add_flag("--digest", o->digest, "Print a hash of every batch's bytes and of the whole run");
   app.add_flag("--fail-on-corrupt", o->fail, "Stop at the first unreadable file (default: skip)");
@@ -71,13 +89,14 @@ Run add_bench_data(CLI::App& app) {
     po.channels = o->channels;
     po.train = !o->eval;
     po.layout = o->layout == "nchw" ? data::Layout::nchw : data::Layout::nhwc;
-    po.out = o->out == "f32" ? data::OutType::f32 : data::OutType::u8;
+    po.out = o->out == "f32"    ? data::OutType::f32
+             : o->out == "bf16" ? data::OutType::bf16
+                                : data::OutType::u8;
     po.fail_on_corrupt = o->fail;
     po.hash_samples = o->digest;
     po.world = job.world;
     po.rank = job.rank;
-    auto samples = data::open_source(o->source);
-    data::Pipeline p(std::move(samples), po);
+    data::Pipeline p(data::open_source(o->source), po);
     const int epochs = o->epochs > 0 ? o->epochs : (o->batches > 0 ? 1 << 30 : 1);
     uint64_t total = 0, n_batches = 0, images = 0;
     auto t0 = Clock::now();

@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   CLI::App* make = app.add_subcommand("make-dataset", "Write a synthetic data set (scans)");
   runs[make] = cohort::cli::add_make_dataset(*make);
 
+  CLI::App* pack = app.add_subcommand("pack", "Pack a data set into record shards");
+  runs[pack] = cohort::cli::add_pack(*pack);
+
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks: comm, data");
   bench->require_subcommand(1);
   CLI::App* bench_comm =

@@ -44,7 +44,7 @@ Format sniff(const uint8_t* p, size_t n) {
   return Format::unknown;
 }
 
-ImageInfo probe(const std::vector<uint8_t>& bytes, const std::string& name) {
+ImageInfo probe(std::span<const uint8_t> bytes, const std::string& name) {
   ImageInfo info;
   info.format = sniff(bytes.data(), bytes.size());
   if (info.format == Format::jpeg) {
@@ -83,7 +83,7 @@ int jpeg_scale_for(int region_w, int region_h, int min_side) {
   return 8;
 }
 
-Image decode(const std::vector<uint8_t>& bytes, const std::string& name, int scale_eighths) {
+Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths) {
   ImageInfo info = probe(bytes, name);
   Image img;
   if (info.format == Format::jpeg) {

@@ -7,7 +7,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "cohort/comm/types.h"
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -18,65 +17,6 @@
 namespace fs = std::filesystem;
 
 namespace cohort::data {
-
-// ---------------------------------------------------------------- sources
-std::vector<Sample> scan_image_folder(const std::string& dir, std::vector<std::string>* classes) {
-  if (!fs::is_directory(dir)) COHORT_THROW("data source '" << dir << "' is not a folder");
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.is_directory()) names.push_back(e.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  if (names.empty()) COHORT_THROW("'" << dir << "' has no class sub-folders (ImageFolder layout)");
-  std::vector<Sample> out;
-  for (size_t c = 0; c < names.size(); ++c) {
-    std::vector<std::string> files;
-    for (const auto& e : fs::directory_iterator(fs::path(dir) / names[c])) {
-      if (e.is_regular_file()) files.push_back(e.path().string());
-    }
-    std::sort(files.begin(), files.end());
-    for (auto& f : files) out.push_back(Sample{f, {static_cast<int>(c)}});
-  }
-  if (classes) *classes = names;
-  if (out.empty()) COHORT_THROW("'" << dir << "' holds no files");
-  return out;
-}
-
-std::vector<Sample> read_csv_list(const std::string& csv_path) {
-  std::ifstream in(csv_path);
-  if (!in) COHORT_THROW("cannot open CSV list '" << csv_path << "'");
-  const fs::path base = fs::path(csv_path).parent_path();
-  std::vector<Sample> out;
-  std::string line;
-  size_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || line_no == 1) continue;  // header
-    std::stringstream ss(line);
-    std::string cell;
-    Sample s;
-    std::getline(ss, s.path, ',');
-    while (std::getline(ss, cell, ',')) {
-      char* end = nullptr;
-      long v = std::strtol(cell.c_str(), &end, 10);
-      if (cell.empty() || *end != '\0') {
-        COHORT_THROW(csv_path << ":" << line_no << ": label '" << cell << "' is not an integer");
-      }
-      s.labels.push_back(static_cast<int>(v));
-    }
-    if (s.labels.empty()) COHORT_THROW(csv_path << ":" << line_no << ": no label after the path");
-    if (fs::path(s.path).is_relative()) s.path = (base / s.path).string();
-    out.push_back(std::move(s));
-  }
-  if (out.empty()) COHORT_THROW("CSV list '" << csv_path << "' has no samples");
-  return out;
-}
-
-std::vector<Sample> open_source(const std::string& path) {
-  if (fs::is_regular_file(path) && fs::path(path).extension() == ".csv") return read_csv_list(path);
-  return scan_image_folder(path, nullptr);
-}
 
 // ---------------------------------------------------------------- pipeline
 struct Pipeline::Slot {
@@ -95,19 +35,20 @@ namespace {
 thread_local std::vector<float> t_planes;
 }
 
-Pipeline::Pipeline(std::vector<Sample> samples, PipelineOptions opt)
-    : samples_(std::move(samples)),
+Pipeline::Pipeline(std::shared_ptr<const Source> source, PipelineOptions opt)
+    : source_(std::move(source)),
       opt_(std::move(opt)),
-      sampler_(samples_.size(), opt_.world, opt_.rank,
+      sampler_(source_->size(), opt_.world, opt_.rank,
                SamplerOptions{opt_.seed, opt_.shuffle, opt_.drop_last}) {
   COHORT_CHECK(opt_.batch >= 1, "batch " << opt_.batch);
   COHORT_CHECK(opt_.workers >= 1 && opt_.workers <= 256, "workers " << opt_.workers);
   COHORT_CHECK(opt_.prefetch >= 1 && opt_.prefetch <= 64, "prefetch " << opt_.prefetch);
   COHORT_CHECK(opt_.size >= 1 && opt_.size <= 16384, "size " << opt_.size);
   // Channels come from the first sample's header, so every batch has one shape.
-  ImageInfo info = probe(read_file(samples_.front().path), samples_.front().path);
+  std::vector<uint8_t> first;
+  ImageInfo info = probe(source_->bytes(0, first), source_->name(0));
   channels_ = opt_.channels == 3 ? 3 : info.channels;
-  const size_t elem = opt_.out == OutType::f32 ? 4 : 1;
+  const size_t elem = opt_.out == OutType::f32 ? 4 : opt_.out == OutType::bf16 ? 2 : 1;
   sample_bytes_ = static_cast<size_t>(channels_) * opt_.size * opt_.size * elem;
   const size_t batch_bytes = (sample_bytes_ * opt_.batch + 63) & ~size_t(63);
   for (int i = 0; i < opt_.prefetch + 1; ++i) {
@@ -204,25 +145,25 @@ void Pipeline::run_task(size_t t) {
   const size_t idx = order_[t];
   const size_t j = t % B;
   Slot& s = *slots_[(t / B) % slots_.size()];
-  const Sample& sample = samples_[idx];
+  const std::string name = source_->name(idx);
   CounterRng rng(key3(opt_.seed, epoch_, idx));
   const int S = opt_.size;
   auto t0 = Clock::now();
   double read_s = 0, decode_s = 0, resize_s = 0, post_s = 0;
   try {
-    std::vector<uint8_t> bytes = read_file(sample.path);
+    thread_local std::vector<uint8_t> scratch;
+    std::span<const uint8_t> bytes = source_->bytes(idx, scratch);
     auto t1 = Clock::now();
     read_s = std::chrono::duration<double>(t1 - t0).count();
-    ImageInfo info = probe(bytes, sample.path);
+    ImageInfo info = probe(bytes, name);
     CropBox box = opt_.train ? random_resized_crop_box(info.width, info.height, rng)
                              : resize_center_crop_box(info.width, info.height, opt_.resize, S);
     int eighths = info.format == Format::jpeg
                       ? jpeg_scale_for(static_cast<int>(box.w), static_cast<int>(box.h), S)
                       : 8;
-    Image img = decode(bytes, sample.path, eighths);
+    Image img = decode(bytes, name, eighths);
     if (img.channels != info.channels) {
-      COHORT_THROW_AS(DecodeError,
-                      sample.path << ": " << img.channels << " channels after decoding");
+      COHORT_THROW_AS(DecodeError, name << ": " << img.channels << " channels after decoding");
     }
     auto t2 = Clock::now();
     decode_s = std::chrono::duration<double>(t2 - t1).count();
@@ -232,7 +173,7 @@ void Pipeline::run_task(size_t t) {
     const int C = img.channels;
     if (C != 1 && C != channels_) {
       COHORT_THROW_AS(DecodeError,
-                      sample.path << " has " << C << " channels, the batch has " << channels_);
+                      name << " has " << C << " channels, the batch has " << channels_);
     }
     const size_t plane = static_cast<size_t>(S) * S;
     t_planes.resize(plane * static_cast<size_t>(channels_));
@@ -269,6 +210,16 @@ void Pipeline::run_task(size_t t) {
         } else {
           for (size_t i = 0; i < plane; ++i) o[i * channels_ + c] = q[i] * a + b;
         }
+      } else if (opt_.out == OutType::bf16) {
+        const float a = inv / sd, b = -m / sd;
+        uint16_t* o = reinterpret_cast<uint16_t*>(dst);
+        for (size_t i = 0; i < plane; ++i) {
+          const size_t at = opt_.layout == Layout::nchw ? c * plane + i : i * channels_ + c;
+          float v = q[i] * a + b;
+          uint32_t u;
+          std::memcpy(&u, &v, 4);
+          o[at] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest even
+        }
       } else {
         const float a = inv * 255.f;
         for (size_t i = 0; i < plane; ++i) {
@@ -285,13 +236,13 @@ void Pipeline::run_task(size_t t) {
       for (size_t i = sample_bytes_ / 8 * 8; i < sample_bytes_; ++i) h = mix64(h ^ dst[i]);
     }
     post_s = seconds_since(t3);
-    s.labels[j] = sample.labels.front();
+    s.labels[j] = source_->labels(idx).front();
     s.indices[j] = idx;
     s.hashes[j] = h;
     s.valid[j] = 1;
   } catch (const Error& e) {
     if (opt_.fail_on_corrupt) throw;
-    COHORT_LOG(warn, "skipping " << sample.path << ": " << e.message());
+    COHORT_LOG(warn, "skipping " << name << ": " << e.message());
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.skipped;
     return;

@@ -10,6 +10,7 @@
 #include "cohort/core/error.h"
 #include "cohort/data/image.h"
 #include "cohort/data/scans.h"
+#include "cohort/data/shards.h"
 
 using namespace cohort::data;
 namespace fs = std::filesystem;
@@ -33,7 +34,7 @@ std::string make_set(const std::string& name, const std::string& format, int cou
 }
 
 // (data set index -> hash of its output) over one epoch, and the batch sizes.
-std::map<size_t, uint64_t> run(const std::vector<Sample>& s, PipelineOptions o, uint64_t epoch,
+std::map<size_t, uint64_t> run(std::shared_ptr<const Source> s, PipelineOptions o, uint64_t epoch,
                                size_t from = 0, std::vector<size_t>* order = nullptr) {
   o.hash_samples = true;
   Pipeline p(s, o);
@@ -107,13 +108,14 @@ TEST(Pipeline, ResumeMidEpochContinuesExactly) {
 
 TEST(Pipeline, CorruptFilesAreSkippedAndCountedOrFailWhenAsked) {
   auto dir = make_set("corrupt", "jpeg", 12);
-  auto samples = open_source(dir);
+  auto list = scan_image_folder(dir, nullptr);
   // Truncate one file, empty another, replace a third with text.
-  auto bytes = read_file(samples[1].path);
+  auto bytes = read_file(list[1].path);
   bytes.resize(bytes.size() / 3);
-  write_file(samples[1].path, bytes);
-  write_file(samples[4].path, {});
-  write_file(samples[7].path, std::vector<uint8_t>{'h', 'e', 'l', 'l', 'o'});
+  write_file(list[1].path, bytes);
+  write_file(list[4].path, {});
+  write_file(list[7].path, std::vector<uint8_t>{'h', 'e', 'l', 'l', 'o'});
+  auto samples = file_source(list);
   PipelineOptions o;
   o.batch = 5;
   o.size = 16;
@@ -183,4 +185,59 @@ TEST(Pipeline, BadSourcesAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find(":2:"), std::string::npos) << e.what();
   }
   fs::remove(csv);
+}
+
+TEST(Shards, PackedDataReadsBackIdenticallyAndDamageIsNamed) {
+  auto dir = make_set("shards", "jpeg", 23);
+  auto folder = open_source(dir);
+  const std::string out = dir + "-packed";
+  fs::remove_all(out);
+  PackSummary sum = pack(*folder, PackOptions{out, 4});
+  EXPECT_EQ(sum.records, 23u);
+  auto shards = open_source(out);  // a folder of .cshard files opens as shards
+  ASSERT_EQ(shards->size(), folder->size());
+  std::vector<uint8_t> a, b;
+  for (size_t i = 0; i < folder->size(); ++i) {
+    auto x = folder->bytes(i, a);
+    auto y = shards->bytes(i, b);
+    ASSERT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << "record " << i;
+    EXPECT_EQ(folder->labels(i), shards->labels(i));
+  }
+  PipelineOptions o;
+  o.batch = 5;
+  o.size = 16;
+  EXPECT_EQ(run(folder, o, 1), run(shards, o, 1));
+  // Flip one payload byte of shard 2: reading that record names the shard and the record.
+  const std::string victim = out + "/shard_00002.cshard";
+  auto raw = read_file(victim);
+  raw[100] ^= 0xff;
+  write_file(victim, raw);
+  auto damaged = open_shards(out);
+  size_t errors = 0;
+  for (size_t i = 0; i < damaged->size(); ++i) {
+    try {
+      damaged->bytes(i, a);
+    } catch (const DecodeError& e) {
+      ++errors;
+      EXPECT_NE(std::string(e.what()).find("shard_00002.cshard record"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(errors, 1u);
+  // A damaged index is refused when the shard is opened.
+  raw = read_file(victim);
+  raw[raw.size() - 3] ^= 0xff;
+  write_file(victim, raw);
+  try {
+    open_shards(out);
+    FAIL() << "opened a shard with a damaged index";
+  } catch (const cohort::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shard_00002.cshard"), std::string::npos) << e.what();
+  }
+  raw.resize(30);
+  write_file(victim, raw);
+  EXPECT_THROW(open_shards(out), cohort::Error);
+  fs::remove_all(out);
+  fs::remove_all(dir);
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,10 +38,10 @@ struct ImageInfo {
   int width = 0, height = 0, channels = 0;
   Format format = Format::unknown;
 };
-ImageInfo probe(const std::vector<uint8_t>& bytes, const std::string& name);
+ImageInfo probe(std::span<const uint8_t> bytes, const std::string& name);
 
 // Decodes `bytes`. For JPEG, `scale_num/8` (1..8) asks for DCT-domain downscaling.
-Image decode(const std::vector<uint8_t>& bytes, const std::string& name, int scale_eighths = 8);
+Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths = 8);
 // The largest JPEG downscale (in eighths) that keeps a w x h region at least `min_side` pixels.
 int jpeg_scale_for(int region_w, int region_h, int min_side);
 

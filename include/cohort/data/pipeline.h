@@ -14,23 +14,12 @@
 #include <vector>
 
 #include "cohort/data/sampler.h"
+#include "cohort/data/source.h"
 
 namespace cohort::data {
 
-struct Sample {
-  std::string path;
-  std::vector<int> labels;  // one label per class task; several for multi-label findings
-};
-
-// ImageFolder layout: one sub-folder per class, sorted by name; label = folder index.
-std::vector<Sample> scan_image_folder(const std::string& dir, std::vector<std::string>* classes);
-// CSV: a header line, then path,label[,label...]; relative paths are relative to the CSV.
-std::vector<Sample> read_csv_list(const std::string& csv_path);
-// A folder (ImageFolder) or a .csv file.
-std::vector<Sample> open_source(const std::string& path);
-
 enum class Layout { nchw, nhwc };
-enum class OutType { f32, u8 };
+enum class OutType { f32, bf16, u8 };
 
 struct PipelineOptions {
   int batch = 32;
@@ -73,7 +62,9 @@ struct PipelineStats {
 
 class Pipeline {
  public:
-  Pipeline(std::vector<Sample> samples, PipelineOptions opt);
+  Pipeline(std::shared_ptr<const Source> source, PipelineOptions opt);
+  Pipeline(std::vector<Sample> samples, PipelineOptions opt)
+      : Pipeline(file_source(std::move(samples)), std::move(opt)) {}
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -93,7 +84,7 @@ class Pipeline {
   void run_task(size_t task);
   void stop_workers();
 
-  std::vector<Sample> samples_;
+  std::shared_ptr<const Source> source_;
   PipelineOptions opt_;
   Sampler sampler_;
   int channels_ = 0;

@@ -1,0 +1,39 @@
+// Where encoded samples come from: files (an ImageFolder or a CSV list) or record shards. A
+// Source owns sharding-independent access by data set index; the Sampler decides which indices
+// a rank reads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace cohort::data {
+
+struct Sample {
+  std::string path;
+  std::vector<int> labels;  // one label per class task; several for multi-label findings
+};
+
+class Source {
+ public:
+  virtual ~Source() = default;
+  virtual size_t size() const = 0;
+  virtual const std::vector<int>& labels(size_t i) const = 0;
+  virtual std::string name(size_t i) const = 0;  // what error messages call sample i
+  // The encoded bytes of sample i: read into `scratch`, or a view of memory the source owns.
+  // A damaged record throws DecodeError naming it.
+  virtual std::span<const uint8_t> bytes(size_t i, std::vector<uint8_t>& scratch) const = 0;
+};
+
+// ImageFolder layout: one sub-folder per class, sorted by name; label = folder index.
+std::vector<Sample> scan_image_folder(const std::string& dir, std::vector<std::string>* classes);
+// CSV: a header line, then path,label[,label...]; relative paths are relative to the CSV.
+std::vector<Sample> read_csv_list(const std::string& csv_path);
+
+std::shared_ptr<Source> file_source(std::vector<Sample> samples);
+// A folder of record shards (*.cshard), a .csv list, or an ImageFolder.
+std::shared_ptr<Source> open_source(const std::string& path);
+
+}  // namespace cohort::data
