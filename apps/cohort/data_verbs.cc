@@ -21,7 +21,8 @@ Run add_make_dataset(CLI::App& app) {
   app.add_option("kind", *kind, "What to make: scans")->required()->check(CLI::IsMember({"scans"}));
   app.add_option("--out", o->out, "Output folder")->required();
   app.add_option("--count", o->count, "Number of images")->check(CLI::Range(1, 10000000));
-  app.add_option("--format", o->format, "png or jpeg")->check(CLI::IsMember({"png", "jpeg"}));
+  app.add_option("--format", o->format, "png, jpeg or dicom")
+      ->check(CLI::IsMember({"png", "jpeg", "dicom"}));
   app.add_option("--size", o->width, "Width (and height unless --height) in pixels");
   app.add_option("--height", o->height, "Height in pixels (default: --size)");
   app.add_option("--channels", o->channels, "1 (gray) or 3 (the gray scan as RGB)");
@@ -57,6 +58,7 @@ Run add_pack(CLI::App& app) {
 Run add_bench_data(CLI::App& app) {
   struct Opts {
     std::string source, json, layout = "nchw", out = "f32";
+    std::vector<double> window;
     int batch = 32, workers = 2, size = 224, prefetch = 2, batches = 0, epochs = 0, channels = 0;
     uint64_t seed = 0;
     bool digest = false, fail = false, eval = false;
@@ -74,6 +76,8 @@ Run add_bench_data(CLI::App& app) {
   app.add_option("--out-type", o->out, "f32, bf16 or u8")
       ->check(CLI::IsMember({"f32", "bf16", "u8"}));
   app.add_option("--seed", o->seed, "Seed of the sampler and the augmentations");
+  app.add_option("--window", o->window, "DICOM window CENTER WIDTH (default: each file's)")
+      ->expected(2);
   app.add_flag("--digest", o->digest, "Print a hash of every batch's bytes and of the whole run");
   app.add_flag("--fail-on-corrupt", o->fail, "Stop at the first unreadable file (default: skip)");
   app.add_flag("--eval", o->eval, "Resize + center crop instead of the training augmentations");
@@ -94,6 +98,7 @@ Run add_bench_data(CLI::App& app) {
                                 : data::OutType::u8;
     po.fail_on_corrupt = o->fail;
     po.hash_samples = o->digest;
+    if (o->window.size() == 2) po.window = data::Window{o->window[0], o->window[1]};
     po.world = job.world;
     po.rank = job.rank;
     data::Pipeline p(data::open_source(o->source), po);

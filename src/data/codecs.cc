@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 
+#include "cohort/data/dicom.h"
 #include "cohort/data/image.h"
 
 namespace cohort::data {
@@ -41,6 +42,7 @@ Format sniff(const uint8_t* p, size_t n) {
   if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF) return Format::jpeg;
   static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   if (n >= 8 && std::memcmp(p, png_sig, 8) == 0) return Format::png;
+  if (n >= 132 && std::memcmp(p + 128, "DICM", 4) == 0) return Format::dicom;
   return Format::unknown;
 }
 
@@ -69,6 +71,11 @@ ImageInfo probe(std::span<const uint8_t> bytes, const std::string& name) {
                      ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA)
                         ? 1
                         : 3;
+  } else if (info.format == Format::dicom) {
+    Image img = decode_dicom(bytes, name);  // GDCM has no cheaper header-only path here
+    info.width = img.width;
+    info.height = img.height;
+    info.channels = 1;
   } else {
     COHORT_THROW_AS(DecodeError, name << ": unknown image format (" << bytes.size() << " bytes)");
   }
@@ -84,6 +91,7 @@ int jpeg_scale_for(int region_w, int region_h, int min_side) {
 }
 
 Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths) {
+  if (sniff(bytes.data(), bytes.size()) == Format::dicom) return decode_dicom(bytes, name);
   ImageInfo info = probe(bytes, name);
   Image img;
   if (info.format == Format::jpeg) {

@@ -155,13 +155,20 @@ void Pipeline::run_task(size_t t) {
     std::span<const uint8_t> bytes = source_->bytes(idx, scratch);
     auto t1 = Clock::now();
     read_s = std::chrono::duration<double>(t1 - t0).count();
-    ImageInfo info = probe(bytes, name);
+    Image dicom;
+    ImageInfo info;
+    if (sniff(bytes.data(), bytes.size()) == Format::dicom) {  // one full decode gives the size
+      dicom = decode_dicom(bytes, name, opt_.window);
+      info = ImageInfo{dicom.width, dicom.height, 1, Format::dicom};
+    } else {
+      info = probe(bytes, name);
+    }
     CropBox box = opt_.train ? random_resized_crop_box(info.width, info.height, rng)
                              : resize_center_crop_box(info.width, info.height, opt_.resize, S);
     int eighths = info.format == Format::jpeg
                       ? jpeg_scale_for(static_cast<int>(box.w), static_cast<int>(box.h), S)
                       : 8;
-    Image img = decode(bytes, name, eighths);
+    Image img = info.format == Format::dicom ? std::move(dicom) : decode(bytes, name, eighths);
     if (img.channels != info.channels) {
       COHORT_THROW_AS(DecodeError, name << ": " << img.channels << " channels after decoding");
     }

@@ -9,6 +9,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/rng.h"
+#include "cohort/data/dicom.h"
 #include "cohort/data/image.h"
 
 namespace fs = std::filesystem;
@@ -30,9 +31,10 @@ struct Ellipse {
 ScanSetSummary make_scans(const ScanSetOptions& o) {
   COHORT_CHECK(o.count >= 1, "--count " << o.count);
   COHORT_CHECK(o.width >= 16 && o.width <= 8192, "--size " << o.width << " (16..8192)");
-  COHORT_CHECK(o.format == "png" || o.format == "jpeg",
-               "--format '" << o.format << "': png or jpeg (dicom comes with GDCM support)");
+  COHORT_CHECK(o.format == "png" || o.format == "jpeg" || o.format == "dicom",
+               "--format '" << o.format << "': png, jpeg or dicom");
   COHORT_CHECK(o.bits == 8 || (o.bits == 16 && o.format == "png"), "--bits " << o.bits);
+  COHORT_CHECK(o.format != "dicom" || o.channels == 1, "DICOM scans are grayscale");
   COHORT_CHECK(o.channels == 1 || o.channels == 3, "--channels " << o.channels);
   const int W = o.width, H = o.height > 0 ? o.height : o.width;
   fs::create_directories(fs::path(o.out) / "normal");
@@ -40,8 +42,11 @@ ScanSetSummary make_scans(const ScanSetOptions& o) {
   std::ofstream csv(fs::path(o.out) / "labels.csv.tmp");
   csv << "path,lesion\n";
   ScanSetSummary sum;
-  const double maxv = o.bits == 16 ? 65535.0 : 255.0;
-  const char* ext = o.format == "png" ? ".png" : ".jpg";
+  const bool dicom = o.format == "dicom";
+  // DICOM: 12-bit stored values, CT-like rescale (HU = stored - 1024) and a soft-tissue-wide
+  // window.
+  const double maxv = dicom ? 4095.0 : o.bits == 16 ? 65535.0 : 255.0;
+  const char* ext = o.format == "png" ? ".png" : dicom ? ".dcm" : ".jpg";
   for (int n = 0; n < o.count; ++n) {
     CounterRng rng(key3(o.seed, static_cast<uint64_t>(n), 0x5ca115));
     const bool lesion = rng.uniform() < o.lesion_fraction;
@@ -61,7 +66,7 @@ ScanSetSummary make_scans(const ScanSetOptions& o) {
     img.width = W;
     img.height = H;
     img.channels = o.channels;
-    img.bits = o.bits;
+    img.bits = dicom ? 16 : o.bits;
     img.data.resize(img.row_bytes() * H);
     CounterRng noise(key3(o.seed, static_cast<uint64_t>(n), 0x4015e));
     for (int y = 0; y < H; ++y) {
@@ -81,7 +86,7 @@ ScanSetSummary make_scans(const ScanSetOptions& o) {
         v = std::clamp(v, 0.0, 1.0) * maxv;
         for (int c = 0; c < o.channels; ++c) {
           size_t i = (static_cast<size_t>(y) * W + x) * o.channels + c;
-          if (o.bits == 8) {
+          if (img.bits == 8) {
             img.data[i] = static_cast<uint8_t>(std::lround(v));
           } else {
             uint16_t s = static_cast<uint16_t>(std::lround(v));
@@ -90,7 +95,16 @@ ScanSetSummary make_scans(const ScanSetOptions& o) {
         }
       }
     }
-    std::vector<uint8_t> bytes = o.format == "png" ? encode_png(img) : encode_jpeg(img, o.quality);
+    std::vector<uint8_t> bytes;
+    if (dicom) {
+      DicomWriteOptions d;
+      d.bits_stored = 12;
+      d.intercept = -1024;
+      d.window = Window{1000, 3500};
+      bytes = encode_dicom(img, d);
+    } else {
+      bytes = o.format == "png" ? encode_png(img) : encode_jpeg(img, o.quality);
+    }
     char name[64];
     std::snprintf(name, sizeof(name), "scan_%06d%s", n, ext);
     const std::string rel = std::string(lesion ? "lesion/" : "normal/") + name;

@@ -31,7 +31,7 @@ struct Image {
   }
 };
 
-enum class Format { jpeg, png, unknown };
+enum class Format { jpeg, png, dicom, unknown };
 Format sniff(const uint8_t* p, size_t n);
 
 struct ImageInfo {
@@ -40,7 +40,8 @@ struct ImageInfo {
 };
 ImageInfo probe(std::span<const uint8_t> bytes, const std::string& name);
 
-// Decodes `bytes`. For JPEG, `scale_num/8` (1..8) asks for DCT-domain downscaling.
+// Decodes `bytes` (DICOM: see dicom.h, with the file's window). For JPEG, `scale_eighths`/8
+// (1..8) asks for DCT-domain downscaling.
 Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths = 8);
 // The largest JPEG downscale (in eighths) that keeps a w x h region at least `min_side` pixels.
 int jpeg_scale_for(int region_w, int region_h, int min_side);

@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cohort/data/dicom.h"
 #include "cohort/data/sampler.h"
 #include "cohort/data/source.h"
 
@@ -39,6 +41,7 @@ struct PipelineOptions {
   OutType out = OutType::f32;
   bool fail_on_corrupt = false;  // default: skip, warn and count
   bool hash_samples = false;     // fill Batch::sample_hashes (determinism checks)
+  std::optional<Window> window;  // DICOM: overrides the files' window center/width
   int world = 1, rank = 0;
   bool shuffle = true, drop_last = false;
 };

@@ -1,0 +1,39 @@
+// DICOM through GDCM: 8/12/16-bit, signed and unsigned, MONOCHROME1/2, RescaleSlope/Intercept,
+// and the window (center/width) applied with the linear VOI function of DICOM PS3.3
+// C.11.2.1.2.1, from the file or from the configuration. Every transfer syntax GDCM decodes
+// (JPEG, JPEG-LS, JPEG 2000, RLE) is accepted.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "cohort/data/image.h"
+
+namespace cohort::data {
+
+struct Window {
+  double center = 0, width = 0;
+};
+
+// y in [0, 1] for a modality value x (after rescale), DICOM's linear VOI function.
+double voi_linear(double x, Window w);
+
+// Decodes to a 16-bit grayscale image whose values are the windowed intensities scaled to
+// [0, 65535], MONOCHROME1 inverted. `window` overrides the file's; with neither, the full range
+// of the modality values is used.
+Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
+                   std::optional<Window> window = std::nullopt);
+
+struct DicomWriteOptions {
+  int bits_stored = 12;  // 8, 12 or 16
+  bool is_signed = false;
+  double slope = 1.0, intercept = 0.0;
+  std::optional<Window> window;
+  bool monochrome1 = false;
+};
+// Writes a Secondary Capture image from raw stored values (bits_allocated = 8 or 16).
+std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& opt);
+
+}  // namespace cohort::data

@@ -1,0 +1,151 @@
+#include "cohort/data/dicom.h"
+
+#include <gdcmImageChangeTransferSyntax.h>
+#include <gdcmImageReader.h>
+#include <gdcmImageWriter.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+using namespace cohort::data;
+
+namespace {
+
+Image stored16(int w, int h, int lo, int hi) {
+  Image img;
+  img.width = w;
+  img.height = h;
+  img.channels = 1;
+  img.bits = 16;
+  img.data.resize(static_cast<size_t>(w) * h * 2);
+  for (int i = 0; i < w * h; ++i) {
+    int16_t v = static_cast<int16_t>(lo + (static_cast<long>(hi - lo) * i) / (w * h - 1));
+    std::memcpy(&img.data[2 * static_cast<size_t>(i)], &v, 2);
+  }
+  return img;
+}
+
+uint16_t pixel(const Image& img, int i) {
+  uint16_t u;
+  std::memcpy(&u, &img.data[2 * static_cast<size_t>(i)], 2);
+  return u;
+}
+
+int16_t stored(const Image& img, int i) {
+  int16_t s;
+  std::memcpy(&s, &img.data[2 * static_cast<size_t>(i)], 2);
+  return s;
+}
+
+}  // namespace
+
+TEST(Dicom, LinearVoiFunctionOfPs3_3) {
+  Window w{40, 400};
+  EXPECT_EQ(voi_linear(-160, w), 0.0);   // x <= c - 0.5 - (w-1)/2
+  EXPECT_EQ(voi_linear(239.5, w), 1.0);  // x >  c - 0.5 + (w-1)/2
+  EXPECT_NEAR(voi_linear(39.5, w), 0.5, 1e-12);
+  EXPECT_NEAR(voi_linear(139.0, w), (139.0 - 39.5) / 399.0 + 0.5, 1e-12);
+}
+
+TEST(Dicom, SignedRescaledAndWindowedAsTheFormulaSays) {
+  Image src = stored16(40, 30, -2000, 3000);
+  DicomWriteOptions o;
+  o.bits_stored = 16;
+  o.is_signed = true;
+  o.slope = 2.0;
+  o.intercept = -10;
+  o.window = Window{300, 1500};
+  auto bytes = encode_dicom(src, o);
+  EXPECT_EQ(sniff(bytes.data(), bytes.size()), Format::dicom);
+  Image img = decode_dicom(bytes, "signed.dcm");
+  ASSERT_EQ(img.width, 40);
+  ASSERT_EQ(img.height, 30);
+  for (int i = 0; i < 40 * 30; ++i) {
+    double x = stored(src, i) * 2.0 - 10;
+    ASSERT_EQ(pixel(img, i), std::lround(voi_linear(x, {300, 1500}) * 65535)) << "pixel " << i;
+  }
+  // What GDCM itself reads back is the stored values we wrote.
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  gdcm::ImageReader r;
+  r.SetStream(in);
+  ASSERT_TRUE(r.Read());
+  std::vector<char> raw(r.GetImage().GetBufferLength());
+  r.GetImage().GetBuffer(raw.data());
+  EXPECT_EQ(std::memcmp(raw.data(), src.data.data(), src.data.size()), 0);
+  EXPECT_DOUBLE_EQ(r.GetImage().GetSlope(), 2.0);
+  // A window from the configuration wins over the file's.
+  Image narrow = decode_dicom(bytes, "signed.dcm", Window{0, 100});
+  EXPECT_EQ(pixel(narrow, 0), 0);
+  EXPECT_EQ(pixel(narrow, 40 * 30 - 1), 65535);
+}
+
+TEST(Dicom, Monochrome1IsInvertedAndTwelveBitWithoutWindowUsesFullRange) {
+  Image src = stored16(16, 16, 0, 4095);
+  DicomWriteOptions o;
+  o.bits_stored = 12;
+  o.monochrome1 = true;
+  Image img = decode_dicom(encode_dicom(src, o), "mono1.dcm");
+  EXPECT_EQ(pixel(img, 0), 65535);  // the lowest value is white in MONOCHROME1
+  EXPECT_EQ(pixel(img, 16 * 16 - 1), 0);
+  o.monochrome1 = false;
+  Image m2 = decode_dicom(encode_dicom(src, o), "mono2.dcm");
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(pixel(m2, i), 65535 - pixel(img, i));
+}
+
+TEST(Dicom, EightBitUnsigned) {
+  Image src;
+  src.width = 8;
+  src.height = 2;
+  src.channels = 1;
+  src.bits = 8;
+  for (int i = 0; i < 16; ++i) src.data.push_back(static_cast<uint8_t>(i * 16));
+  DicomWriteOptions o;
+  o.bits_stored = 8;
+  o.window = Window{128, 256};
+  Image img = decode_dicom(encode_dicom(src, o), "u8.dcm");
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(pixel(img, i), std::lround(voi_linear(i * 16, {128, 256}) * 65535));
+  }
+}
+
+TEST(Dicom, CompressedTransferSyntaxDecodesToTheSamePixels) {
+  Image src = stored16(32, 24, 0, 4000);
+  DicomWriteOptions o;
+  o.bits_stored = 12;
+  o.window = Window{2000, 4000};
+  auto plain = encode_dicom(src, o);
+  // Re-encode with RLE Lossless through GDCM.
+  std::istringstream in(std::string(plain.begin(), plain.end()));
+  gdcm::ImageReader r;
+  r.SetStream(in);
+  ASSERT_TRUE(r.Read());
+  gdcm::ImageChangeTransferSyntax change;
+  change.SetTransferSyntax(gdcm::TransferSyntax::RLELossless);
+  change.SetInput(r.GetImage());
+  ASSERT_TRUE(change.Change());
+  gdcm::ImageWriter w;
+  w.SetFile(r.GetFile());
+  w.SetImage(change.GetOutput());
+  std::ostringstream os;
+  w.SetStream(os);
+  ASSERT_TRUE(w.Write());
+  std::string rle = os.str();
+  ASSERT_NE(rle.size(), plain.size());
+  Image a = decode_dicom(plain, "plain.dcm");
+  Image b = decode_dicom(std::vector<uint8_t>(rle.begin(), rle.end()), "rle.dcm");
+  EXPECT_EQ(a.data, b.data);
+}
+
+TEST(Dicom, TruncatedFileIsAnErrorNamingIt) {
+  Image src = stored16(32, 24, 0, 4000);
+  auto bytes = encode_dicom(src, {});
+  bytes.resize(bytes.size() / 2);
+  try {
+    decode_dicom(bytes, "scans/cut.dcm");
+    FAIL() << "decoded a truncated file";
+  } catch (const DecodeError& e) {
+    EXPECT_NE(std::string(e.what()).find("scans/cut.dcm"), std::string::npos) << e.what();
+  }
+}
