@@ -297,6 +297,10 @@ bool Pipeline::next(Batch* out) {
   out->height = opt_.size;
   out->width = opt_.size;
   out->labels.assign(s.labels.begin(), s.labels.begin() + n);
+  out->label_sets.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    out->label_sets[static_cast<size_t>(i)] = source_->labels(s.indices[static_cast<size_t>(i)]);
+  }
   out->indices.assign(s.indices.begin(), s.indices.begin() + n);
   out->sample_hashes.assign(s.hashes.begin(), s.hashes.begin() + n);
   out->bytes = sample_bytes_ * static_cast<size_t>(n);

@@ -173,6 +173,34 @@ TEST(Pipeline, ShapesLayoutsAndGrayToThree) {
   fs::remove_all(dir);
 }
 
+TEST(Pipeline, MultiLabelCsv) {
+  auto dir = make_set("multilabel", "png", 4);
+  auto list = scan_image_folder(dir, nullptr);
+  const std::string csv = dir + "/multi.csv";
+  {
+    std::ofstream f(csv);
+    f << "path,effusion,nodule\n";
+    for (size_t i = 0; i < list.size(); ++i) {
+      f << fs::relative(list[i].path, dir).string() << "," << i % 2 << "," << (i / 2) % 2 << "\n";
+    }
+  }
+  PipelineOptions o;
+  o.batch = 4;
+  o.size = 8;
+  o.shuffle = false;
+  Pipeline p(open_source(csv), o);
+  p.start_epoch(0);
+  Batch b;
+  ASSERT_TRUE(p.next(&b));
+  ASSERT_EQ(b.size, 4);
+  for (int i = 0; i < 4; ++i) {
+    size_t idx = b.indices[static_cast<size_t>(i)];
+    EXPECT_EQ(b.label_sets[static_cast<size_t>(i)],
+              (std::vector<int>{int(idx % 2), int((idx / 2) % 2)}));
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Pipeline, BadSourcesAreClearErrors) {
   EXPECT_THROW(open_source("/nonexistent/folder"), cohort::Error);
   auto csv =

@@ -50,9 +50,10 @@ struct Batch {
   const uint8_t* data = nullptr;  // size x C x H x W (or NHWC), OutType
   int size = 0;                   // samples in this batch (the last may be short)
   int channels = 0, height = 0, width = 0;
-  std::vector<int> labels;              // first label of each sample
-  std::vector<size_t> indices;          // data set index of each sample
-  std::vector<uint64_t> sample_hashes;  // per sample output hash (for determinism checks)
+  std::vector<int> labels;                   // first label of each sample
+  std::vector<std::vector<int>> label_sets;  // every label of each sample (multi-label CSV)
+  std::vector<size_t> indices;               // data set index of each sample
+  std::vector<uint64_t> sample_hashes;       // per sample output hash (for determinism checks)
   size_t bytes = 0;
 };
 
