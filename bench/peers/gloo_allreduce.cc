@@ -8,6 +8,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
     gloo::AllreduceRing<float> ar(ctx, {buf.data()}, static_cast<int>(count));
     gloo::BarrierAllToOne barrier(ctx);
     int iters = peer_iters(bytes);
-    for (int i = 0; i < 3; ++i) ar.run();
+    for (int i = 0; i < std::min(iters, 100); ++i) ar.run();
     barrier.run();
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) ar.run();

@@ -2,6 +2,7 @@
 // usage: mpirun -np N peer_mpi_allreduce [MIN_BYTES MAX_BYTES JSON]
 #include <mpi.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "sweep.h"

@@ -39,6 +39,10 @@ inline void peer_report(const char* name, int world, const std::vector<PeerRow>&
   }
 }
 
+// Enough iterations that small sizes are not dominated by timer and scheduling noise.
 inline int peer_iters(size_t bytes) {
-  return bytes >= (16u << 20) ? 10 : bytes >= (1u << 20) ? 30 : 200;
+  if (bytes < (64u << 10)) return 20000;
+  if (bytes < (1u << 20)) return 2000;
+  return bytes >= (16u << 20) ? 10 : 30;
 }
+

@@ -81,6 +81,7 @@ class Pipeline {
   const Sampler& sampler() const { return sampler_; }
   size_t batches_per_epoch() const;
   int channels() const { return channels_; }
+  bool pinned() const { return pinned_; }  // batch buffers are page-locked (CUDA present)
 
  private:
   struct Slot;
@@ -93,6 +94,7 @@ class Pipeline {
   Sampler sampler_;
   int channels_ = 0;
   size_t sample_bytes_ = 0;
+  bool pinned_ = false;
 
   std::mutex mu_;
   std::condition_variable work_cv_, ready_cv_;
