@@ -415,7 +415,6 @@ Work NativeComm::submit(Task task) {
     std::lock_guard<std::mutex> lock(mu_);
     w->owner = weak_from_this();
     queue_.push_back(std::move(task));
-    queued_.fetch_add(1, std::memory_order_release);
   }
   // A progress thread that has been idle for a while sleeps long: wake it. One that ran work
   // recently polls often enough by itself, and waking it for every call would cost a system
@@ -434,7 +433,6 @@ bool NativeComm::run_next() {
     if (queue_.empty()) return false;
     t = std::move(queue_.front());
     queue_.pop_front();
-    queued_.fetch_sub(1, std::memory_order_relaxed);
   }
   std::exception_ptr err;
   desc_ = t.desc;
@@ -489,18 +487,22 @@ bool NativeComm::help(const std::atomic<bool>& ready) {
 
 void NativeComm::progress_loop() {
   int poll_us = kMinPollUs;
+  bool caller_busy = false;  // a caller held the queue last time we looked
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       poll_us_.store(poll_us, std::memory_order_relaxed);
-      if (callers_run_) {
+      if (!callers_run_) {
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      } else if (caller_busy) {  // sleep: the queue is not empty, but someone is running it
+        cv_.wait_for(lock, std::chrono::microseconds(poll_us), [&] { return stopping_; });
+      } else {
         cv_.wait_for(lock, std::chrono::microseconds(poll_us),
                      [&] { return stopping_ || !queue_.empty(); });
-      } else {
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       }
       if (queue_.empty() && stopping_) return;
       if (queue_.empty()) {
+        caller_busy = false;
         poll_us = std::min(poll_us * 2, kMaxPollUs);  // idle: back off
         continue;
       }
@@ -509,9 +511,11 @@ void NativeComm::progress_loop() {
     // have to wake this thread), and do not poll it hard either: look again later.
     std::unique_lock<std::mutex> run(run_mu_, std::try_to_lock);
     if (!run.owns_lock()) {
+      caller_busy = true;
       poll_us = std::min(poll_us * 2, kMaxPollUs);
       continue;
     }
+    caller_busy = false;
     poll_us = kMinPollUs;
     while (run_next()) {
     }

@@ -138,7 +138,6 @@ class NativeComm final : public Communicator,
   std::mutex run_mu_;  // held while a task runs: tasks run one at a time, in order
   std::condition_variable cv_;
   std::deque<Task> queue_;
-  std::atomic<int> queued_{0};
   // The progress thread polls the queue every poll_us_, from kMinPollUs when busy to kMaxPollUs
   // when idle; calls wake it only when it sleeps longer than kWakeAboveUs.
   static constexpr int kMinPollUs = 100, kMaxPollUs = 20000, kWakeAboveUs = 400;

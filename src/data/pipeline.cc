@@ -131,7 +131,6 @@ void Pipeline::start_epoch(uint64_t epoch, size_t from) {
   ready_cv_.wait(lock, [&] { return inflight_ == 0; });
   order_ = sampler_.indices(epoch, from);
   epoch_ = epoch;
-  ++generation_;
   next_task_ = 0;
   consumed_ = 0;
   handed_ = false;

@@ -108,7 +108,6 @@ class Pipeline {
   std::exception_ptr error_;  // a worker's failure (policy fail), rethrown by next()
   size_t num_batches_ = 0;
   bool stop_ = false;
-  uint64_t generation_ = 0;  // bumped per epoch
   std::vector<std::thread> threads_;
 
   mutable std::mutex stats_mu_;
