@@ -29,7 +29,6 @@ class WorkState {
   std::atomic<bool> ready{false};
   std::atomic<int> waiters{0};              // completion notifies only when someone sleeps on cv
   std::weak_ptr<detail::NativeComm> owner;  // whose queue wait() may help to drain
-  bool done = false;
   std::exception_ptr error;
   const char* algo = "";  // a static name
 };
@@ -37,16 +36,20 @@ class WorkState {
 void Work::wait() {
   if (!s_) return;
   // Run queued collectives on this thread when the progress thread is not busy with them.
-  if (auto c = s_->owner.lock()) {
-    while (!s_->ready.load(std::memory_order_acquire)) {
-      if (!c->help(s_->ready)) break;
+  if (!s_->ready.load()) {
+    if (auto c = s_->owner.lock()) {
+      while (!s_->ready.load()) {
+        if (!c->help(s_->ready)) break;
+      }
     }
   }
-  std::unique_lock<std::mutex> lock(s_->mu);
-  s_->waiters.fetch_add(1);
-  s_->cv.wait(lock, [&] { return s_->done; });
-  s_->waiters.fetch_sub(1);
-  if (s_->error) std::rethrow_exception(s_->error);
+  if (!s_->ready.load()) {
+    std::unique_lock<std::mutex> lock(s_->mu);
+    s_->waiters.fetch_add(1);
+    s_->cv.wait(lock, [&] { return s_->ready.load(); });
+    s_->waiters.fetch_sub(1);
+  }
+  if (s_->error) std::rethrow_exception(s_->error);  // written before `ready` was set
 }
 
 bool Work::test() {
@@ -466,13 +469,15 @@ bool NativeComm::run_next() {
       err = std::current_exception();
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(t.work->mu);
-    t.work->done = true;
-    t.work->error = err;
-    t.work->ready.store(true, std::memory_order_release);
+  // Publish, then wake a sleeper if there is one: a waiter counts itself before it checks
+  // `ready` under the lock, and both sides use sequentially consistent operations, so one of
+  // them always sees the other.
+  t.work->error = err;
+  t.work->ready.store(true);
+  if (t.work->waiters.load() > 0) {
+    { std::lock_guard<std::mutex> lock(t.work->mu); }
+    t.work->cv.notify_all();
   }
-  t.work->cv.notify_all();
   return true;
 }
 
@@ -1035,7 +1040,6 @@ std::shared_ptr<Communicator> init(const InitOptions& opt) {
 namespace cohort::comm {
 Work make_done_work(const char* algo) {
   auto s = std::make_shared<WorkState>();
-  s->done = true;
   s->ready.store(true);
   s->algo = algo;
   return Work(s);

@@ -6,26 +6,6 @@
 
 namespace cohort::comm {
 
-size_t dtype_size(DataType t) {
-  switch (t) {
-    case DataType::f32:
-      return 4;
-    case DataType::f64:
-      return 8;
-    case DataType::f16:
-      return 2;
-    case DataType::bf16:
-      return 2;
-    case DataType::i32:
-      return 4;
-    case DataType::i64:
-      return 8;
-    case DataType::u8:
-      return 1;
-  }
-  COHORT_THROW("invalid data type " << static_cast<int>(t));
-}
-
 const char* dtype_name(DataType t) {
   static const char* names[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
   auto i = static_cast<size_t>(t);

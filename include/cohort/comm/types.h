@@ -15,7 +15,10 @@ inline constexpr DataType kAllDataTypes[] = {DataType::f32,  DataType::f64, Data
                                              DataType::u8};
 inline constexpr RedOp kAllRedOps[] = {RedOp::sum, RedOp::prod, RedOp::min, RedOp::max, RedOp::avg};
 
-size_t dtype_size(DataType t);
+inline size_t dtype_size(DataType t) {
+  constexpr size_t sizes[] = {4, 8, 2, 2, 4, 8, 1};
+  return static_cast<size_t>(t) < 7 ? sizes[static_cast<size_t>(t)] : 0;
+}
 const char* dtype_name(DataType t);
 const char* redop_name(RedOp op);
 DataType parse_dtype(const std::string& s);  // throws naming the value
