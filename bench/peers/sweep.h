@@ -45,4 +45,3 @@ inline int peer_iters(size_t bytes) {
   if (bytes < (1u << 20)) return 2000;
   return bytes >= (16u << 20) ? 10 : 30;
 }
-

@@ -66,12 +66,13 @@ class Engine {
 
   size_t esize() const { return dtype_size(desc().dtype); }
   void reduce_into(void* dst, const void* a, const void* b, size_t count) const;
-  // Groups are computed once: the topology does not change during a communicator's life.
-  const Group& world() const;    // ordered by (host, rank) so that rings cross hosts least
-  const Group& natural() const;  // ordered by rank
-  const Group& local() const;    // this host's ranks
-  const Group& cross() const;    // the ranks with this local index, one per host
-  bool hosts_uniform() const;    // every host has the same number of ranks
+  // Groups are computed once (build_groups): the topology does not change during a
+  // communicator's life.
+  const Group& world() const { return world_; }      // by (host, rank): rings cross hosts least
+  const Group& natural() const { return natural_; }  // by rank
+  const Group& local() const { return local_; }      // this host's ranks
+  const Group& cross() const { return cross_; }      // this local index, one rank per host
+  bool hosts_uniform() const;                        // every host has the same number of ranks
   // The cost model's choice for this communicator, remembered per (collective, size).
   Algo pick(Collective c, size_t bytes) const;
 
@@ -84,10 +85,11 @@ class Engine {
   }
   virtual void exchange_n(const SendOp* sends, size_t ns, const RecvOp* recvs, size_t nr) = 0;
 
+ protected:
+  void build_groups();  // once the implementation knows its rank, size and topology
+
  private:
-  void build_groups() const;
-  mutable bool groups_built_ = false;
-  mutable Group natural_, world_, local_, cross_;
+  Group natural_, world_, local_, cross_;
   mutable std::unordered_map<uint64_t, Algo> picks_;
 };
 

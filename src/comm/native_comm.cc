@@ -126,7 +126,7 @@ void Engine::reduce_into(void* dst, const void* a, const void* b, size_t count) 
   comm::reduce(dst, a, b, count, desc().dtype, desc().op);
 }
 
-void Engine::build_groups() const {
+void Engine::build_groups() {
   const auto& h = topology().host_of_rank;
   const int me = rank();
   natural_ = Group{};
@@ -156,24 +156,6 @@ void Engine::build_groups() const {
       }
     }
   }
-  groups_built_ = true;
-}
-
-const Group& Engine::natural() const {
-  if (!groups_built_) build_groups();
-  return natural_;
-}
-const Group& Engine::world() const {
-  if (!groups_built_) build_groups();
-  return world_;
-}
-const Group& Engine::local() const {
-  if (!groups_built_) build_groups();
-  return local_;
-}
-const Group& Engine::cross() const {
-  if (!groups_built_) build_groups();
-  return cross_;
 }
 
 Algo Engine::pick(Collective c, size_t bytes) const {
@@ -209,9 +191,9 @@ NativeComm::NativeComm(Store store, std::string token, std::string comm_name, in
   }
   topo_.num_hosts = static_cast<int>(host_index.size());
   topo_.net_everywhere = settings_.force_tcp;
-  Group lg = local();
-  local_rank_ = lg.me;
-  local_size_ = lg.size();
+  build_groups();
+  local_rank_ = local().me;
+  local_size_ = local().size();
   // Callers run queued work themselves (no thread hand-off) when every rank of this host can
   // have a core; with more ranks than cores, a thread that spins on behalf of a caller costs
   // the ranks that would make progress, so the progress thread alone runs the queue.
