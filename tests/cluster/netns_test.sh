@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Two emulated hosts (network namespaces, tools/netns-cluster) with two ranks each:
+#  1. a checked job across them completes and uses shared memory + TCP;
+#  2. cutting a node's link in the middle of a collective makes every rank fail within the
+#     timeout and both launchers exit non-zero (an error, not a hang).
+# Skips (exit 77) where namespaces cannot be made. Always removes its namespaces.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+bin=${COHORT_BIN:-$root/build/bin/cohort}
+cluster=$root/tools/netns-cluster
+name=ctest$$
+if ! ip netns add "$name-probe" 2>/dev/null; then
+  echo "SKIP: cannot create network namespaces here"
+  exit 77
+fi
+ip netns del "$name-probe"
+cleanup() { "$cluster" down --name "$name"; }
+trap cleanup EXIT
+"$cluster" up --nodes 2 --name "$name" >/dev/null || { echo "FAIL: cluster up"; exit 1; }
+master=$("$cluster" addr 0 --name "$name")
+fail=0
+out=$(mktemp -d)
+
+run_job() {  # $1: port, $2: job id, rest: program
+  local port=$1 id=$2
+  shift 2
+  for i in 0 1; do
+    COHORT_HOST_ID=node$i COHORT_TIMEOUT=10 timeout 60 "$cluster" run $i --name "$name" -- \
+      "$bin" launch --nproc-per-node 2 --nnodes 2 --node-rank $i --master "$master:$port" \
+      --job-id "$id" --grace 2 -- "$@" > "$out/$id.$i.log" 2>&1 &
+    pids[$i]=$!
+  done
+  codes=()
+  for i in 0 1; do wait "${pids[$i]}"; codes[$i]=$?; done
+}
+
+# 1. A checked job across the two hosts.
+run_job 29611 ok "$bin" bench comm --min-bytes 8 --max-bytes 4M --factor 16 --iters 3 --warmup 1 --check
+if [ "${codes[0]}" -ne 0 ] || [ "${codes[1]}" -ne 0 ]; then
+  echo "FAIL: job across two hosts exited ${codes[*]}"; cat "$out"/ok.*.log; fail=1
+elif ! grep -q "4 ranks on 2 host(s), transports shm+tcp" "$out/ok.0.log" ||
+     ! grep -q "Out of bounds values : 0 OK" "$out/ok.0.log"; then
+  echo "FAIL: unexpected output"; cat "$out/ok.0.log"; fail=1
+else
+  echo "PASS: checked allreduce across two emulated hosts"
+fi
+
+# 2. Cut node 1's link while large allreduces run; expect errors within the timeout.
+start=$(date +%s)
+( sleep 3; ip netns exec "$name-n1" ip link set eth0 down ) &
+run_job 29612 cut "$bin" bench comm --min-bytes 64M --max-bytes 64M --iters 1000 --warmup 0
+took=$(( $(date +%s) - start ))
+if [ "${codes[0]}" -eq 0 ] || [ "${codes[1]}" -eq 0 ] || [ "${codes[0]}" -eq 124 ] || [ "${codes[1]}" -eq 124 ]; then
+  echo "FAIL: after the link cut the launchers exited ${codes[*]} (0: no error, 124: hung)"; fail=1
+  tail -5 "$out"/cut.*.log
+elif ! grep -qE "rank [0-9]+ \(host node[01]\)|no progress|closed its connection|timed out" "$out"/cut.*.log; then
+  echo "FAIL: the errors do not name a rank or the timeout"; tail -5 "$out"/cut.*.log; fail=1
+else
+  echo "PASS: link cut -> every launcher failed after ${took}s"
+fi
+rm -rf "$out"
+[ $fail -eq 0 ] && echo "2 passed, 0 failed" || echo "0 passed, 2 failed"
+exit $fail
