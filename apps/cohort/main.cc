@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
       app.add_subcommand("launch", "Start N local ranks of a program (torchrun-style)");
   runs[launch] = cohort::cli::add_launch(*launch);
 
+  CLI::App* topo = app.add_subcommand("topo", "Hosts, transports and the algorithm per size");
+  runs[topo] = cohort::cli::add_topo(*topo);
+
   CLI::App* make = app.add_subcommand("make-dataset", "Write a synthetic data set (scans)");
   runs[make] = cohort::cli::add_make_dataset(*make);
 

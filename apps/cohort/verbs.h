@@ -13,6 +13,7 @@ Run add_launch(CLI::App& app);
 Run add_bench_comm(CLI::App& bench);
 Run add_make_dataset(CLI::App& app);
 Run add_pack(CLI::App& app);
+Run add_topo(CLI::App& app);
 Run add_bench_data(CLI::App& bench);
 
 }  // namespace cohort::cli

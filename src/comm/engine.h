@@ -87,6 +87,7 @@ class Engine {
 
  protected:
   void build_groups();  // once the implementation knows its rank, size and topology
+  void forget_picks() { picks_.clear(); }  // after the topology's figures change
 
  private:
   Group natural_, world_, local_, cross_;

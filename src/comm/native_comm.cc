@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "cohort/comm/reduce.h"
 #include "cohort/comm/wire.h"
@@ -314,6 +315,7 @@ std::shared_ptr<NativeComm> NativeComm::init_world(const JobEnv& env, Settings s
   auto c =
       std::make_shared<NativeComm>(store.prefixed("w/"), env.token, "world", env.rank, members, s);
   if (server) c->keep_alive(std::move(server));
+  if (env::flag("COHORT_PROBE")) c->probe_links();
   return c;
 }
 
@@ -370,6 +372,97 @@ void NativeComm::linger_for_peers() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+std::string NativeComm::topology_report() const {
+  std::ostringstream o;
+  o << describe() << "\n";
+  std::map<int, std::vector<int>> by_host;
+  for (int r = 0; r < size(); ++r) by_host[topo_.host_of_rank[static_cast<size_t>(r)]].push_back(r);
+  for (const auto& [h, ranks] : by_host) {
+    o << "host " << h << " (" << members_[static_cast<size_t>(ranks.front())].host << "): ranks";
+    for (int r : ranks) o << " " << r;
+    o << "\n";
+  }
+  o << "transport from rank " << rank_ << ":";
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank_) continue;
+    const auto& lanes = links_[static_cast<size_t>(p)];
+    o << " " << p << "=" << (lanes.empty() ? "none" : lanes[0]->kind());
+    if (lanes.size() > 1) o << "x" << lanes.size();
+  }
+  o << "\nlinks (" << (probed_ ? "measured" : "model defaults") << "): shm " << topo_.shm.latency_us
+    << " us, " << topo_.shm.gbytes_per_s << " GB/s; network " << topo_.net.latency_us << " us, "
+    << topo_.net.gbytes_per_s << " GB/s\n";
+  o << "algorithm by size:\n";
+  const Collective colls[] = {Collective::allreduce, Collective::broadcast, Collective::reduce,
+                              Collective::allgather};
+  char line[160];
+  std::snprintf(line, sizeof(line), "%12s %14s %14s %14s %14s\n", "bytes", "allreduce", "broadcast",
+                "reduce", "allgather");
+  o << line;
+  for (size_t b = 8; b <= (1ull << 30); b *= 16) {
+    std::snprintf(line, sizeof(line), "%12zu", b);
+    o << line;
+    for (Collective c : colls) {
+      auto est = estimate(c, topo_, b);
+      std::snprintf(line, sizeof(line), " %7s %6.0fus", algo_name(est.front().algo), est.front().us);
+      o << line;
+    }
+    o << "\n";
+  }
+  return o.str();
+}
+
+void NativeComm::probe_links() {
+  // A short, bounded probe on the world's first pairs: ping-pong for latency, a few 4 MiB
+  // transfers for bandwidth. Rank 0 then shares the figures so every rank models the same.
+  double fig[4] = {topo_.shm.latency_us, topo_.shm.gbytes_per_s, topo_.net.latency_us,
+                   topo_.net.gbytes_per_s};
+  auto measure = [&](int a, int b, double* lat_us, double* gbps) {
+    if (rank_ != a && rank_ != b) return;
+    const int peer = rank_ == a ? b : a;
+    std::vector<uint8_t> small(8), big(4u << 20);
+    auto t0 = Clock::now();
+    const int pings = 200;
+    for (int i = 0; i < pings; ++i) {
+      if (rank_ == a) {
+        send(small.data(), 8, DataType::u8, peer).wait();
+        recv(small.data(), 8, DataType::u8, peer).wait();
+      } else {
+        recv(small.data(), 8, DataType::u8, peer).wait();
+        send(small.data(), 8, DataType::u8, peer).wait();
+      }
+    }
+    *lat_us = seconds_since(t0) * 1e6 / (2 * pings);
+    t0 = Clock::now();
+    const int reps = 4;
+    for (int i = 0; i < reps; ++i) {
+      if (rank_ == a) {
+        send(big.data(), big.size(), DataType::u8, peer).wait();
+      } else {
+        recv(big.data(), big.size(), DataType::u8, peer).wait();
+      }
+    }
+    if (rank_ == a) recv(small.data(), 1, DataType::u8, peer).wait();
+    if (rank_ == b) send(small.data(), 1, DataType::u8, peer).wait();
+    *gbps = static_cast<double>(big.size()) * reps / seconds_since(t0) / 1e9;
+  };
+  // Shared memory: the first two ranks of rank 0's host. Network: rank 0 and the first rank
+  // elsewhere (or rank 1 when TCP is forced). Rank 0 measures both, then shares them.
+  const Group& lg = local();
+  const bool on_first_host = topo_.host_of_rank[static_cast<size_t>(rank_)] == topo_.host_of_rank[0];
+  if (on_first_host && lg.size() > 1 && !settings_.force_tcp) measure(lg.at(0), lg.at(1), &fig[0], &fig[1]);
+  int other = -1;
+  for (int r = 1; r < size() && other < 0; ++r) {
+    if (settings_.force_tcp || topo_.host_of_rank[static_cast<size_t>(r)] != topo_.host_of_rank[0]) other = r;
+  }
+  if (other > 0) measure(0, other, &fig[2], &fig[3]);
+  broadcast(fig, fig, 4, DataType::f64, 0, CollOptions{}).wait();
+  topo_.shm = LinkModel{fig[0], fig[1]};
+  topo_.net = LinkModel{fig[2], fig[3]};
+  forget_picks();
+  probed_ = true;
 }
 
 std::string NativeComm::describe() const {

@@ -54,6 +54,7 @@ class NativeComm final : public Communicator,
   int num_hosts() const override { return topo_.num_hosts; }
   const std::string& host() const override { return members_[static_cast<size_t>(rank_)].host; }
   std::string describe() const override;
+  std::string topology_report() const override;
   Work allreduce(const void* send, void* recv, size_t count, DataType t, RedOp op,
                  CollOptions o) override;
   Work reduce_scatter(const void* send, void* recv, size_t count, DataType t, RedOp op,
@@ -81,6 +82,9 @@ class NativeComm final : public Communicator,
   void* scratch(size_t bytes, int slot) override;
 
   void keep_alive(std::unique_ptr<StoreServer> server);
+  // COHORT_PROBE=1: measures link latency and bandwidth (a bounded probe) for the cost model.
+  // Collective over the communicator.
+  void probe_links();
   // Runs queued tasks on the calling thread until `ready` or the queue is empty; false when
   // another thread is running them.
   bool help(const std::atomic<bool>& ready);
@@ -110,6 +114,7 @@ class NativeComm final : public Communicator,
   [[noreturn]] void mismatch(int peer, const wire::MsgHeader& h);
   void linger_for_peers();
   void connect_links();
+
   void validate_args(const char* what, size_t count, int root, int peer);
 
   Store store_;
@@ -142,7 +147,8 @@ class NativeComm final : public Communicator,
   // when idle; calls wake it only when it sleeps longer than kWakeAboveUs.
   static constexpr int kMinPollUs = 100, kMaxPollUs = 20000, kWakeAboveUs = 400;
   std::atomic<int> poll_us_{kMaxPollUs};
-  bool callers_run_ = true;  // Work::wait() may run queued tasks (set once at construction)
+  bool callers_run_ = true;
+  bool probed_ = false;  // topo_'s link figures were measured  // Work::wait() may run queued tasks (set once at construction)
   bool stopping_ = false;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;  // guarded by mu_

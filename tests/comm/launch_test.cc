@@ -90,6 +90,19 @@ TEST(Launch, MpirunWithoutLauncherBothBackends) {
   }
 }
 
+TEST(Launch, TopoShowsHostsTransportsProbeAndAlgorithms) {
+  auto r = sh("COHORT_PROBE=1 timeout 60 " + bin() +
+              " launch --nproc-per-node 4 -- sh -c 'COHORT_HOST_ID=h$((RANK/2)) exec " + bin() +
+              " topo'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("4 ranks on 2 host(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("host 1 (h1): ranks 2 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1=shm 2=tcp"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("links (measured)"), std::string::npos) << r.out;
+  // Large allreduces across two hosts of two ranks go hierarchical.
+  EXPECT_NE(r.out.find("134217728    hier"), std::string::npos) << r.out;
+}
+
 TEST(Launch, BadArgumentsAreClearErrors) {
   auto r = sh(bin() + " launch --nproc-per-node 2 --nnodes 2 -- true");
   EXPECT_NE(r.code, 0);

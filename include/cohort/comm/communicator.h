@@ -62,6 +62,9 @@ class Communicator {
   virtual int num_hosts() const = 0;
   virtual const std::string& host() const = 0;
   virtual std::string describe() const = 0;  // backend, transports, algorithm policy
+  // What the job looks like: hosts and their ranks, the transport between every pair, the link
+  // figures the cost model uses, and the algorithm it picks per collective and size.
+  virtual std::string topology_report() const { return describe() + "\n"; }
 
   // count: elements per rank buffer. recv may equal send (in place) unless stated otherwise.
   virtual Work allreduce(const void* send, void* recv, size_t count, DataType t, RedOp op,
