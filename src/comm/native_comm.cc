@@ -406,7 +406,8 @@ std::string NativeComm::topology_report() const {
     o << line;
     for (Collective c : colls) {
       auto est = estimate(c, topo_, b);
-      std::snprintf(line, sizeof(line), " %7s %6.0fus", algo_name(est.front().algo), est.front().us);
+      std::snprintf(line, sizeof(line), " %7s %6.0fus", algo_name(est.front().algo),
+                    est.front().us);
       o << line;
     }
     o << "\n";
@@ -451,11 +452,14 @@ void NativeComm::probe_links() {
   // Shared memory: the first two ranks of rank 0's host. Network: rank 0 and the first rank
   // elsewhere (or rank 1 when TCP is forced). Rank 0 measures both, then shares them.
   const Group& lg = local();
-  const bool on_first_host = topo_.host_of_rank[static_cast<size_t>(rank_)] == topo_.host_of_rank[0];
-  if (on_first_host && lg.size() > 1 && !settings_.force_tcp) measure(lg.at(0), lg.at(1), &fig[0], &fig[1]);
+  const bool on_first_host =
+      topo_.host_of_rank[static_cast<size_t>(rank_)] == topo_.host_of_rank[0];
+  if (on_first_host && lg.size() > 1 && !settings_.force_tcp)
+    measure(lg.at(0), lg.at(1), &fig[0], &fig[1]);
   int other = -1;
   for (int r = 1; r < size() && other < 0; ++r) {
-    if (settings_.force_tcp || topo_.host_of_rank[static_cast<size_t>(r)] != topo_.host_of_rank[0]) other = r;
+    if (settings_.force_tcp || topo_.host_of_rank[static_cast<size_t>(r)] != topo_.host_of_rank[0])
+      other = r;
   }
   if (other > 0) measure(0, other, &fig[2], &fig[3]);
   broadcast(fig, fig, 4, DataType::f64, 0, CollOptions{}).wait();

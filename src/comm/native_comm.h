@@ -148,7 +148,8 @@ class NativeComm final : public Communicator,
   static constexpr int kMinPollUs = 100, kMaxPollUs = 20000, kWakeAboveUs = 400;
   std::atomic<int> poll_us_{kMaxPollUs};
   bool callers_run_ = true;
-  bool probed_ = false;  // topo_'s link figures were measured  // Work::wait() may run queued tasks (set once at construction)
+  bool probed_ = false;  // topo_'s link figures were measured  // Work::wait() may run queued tasks
+                         // (set once at construction)
   bool stopping_ = false;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;  // guarded by mu_
