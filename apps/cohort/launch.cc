@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <memory>
@@ -119,8 +120,8 @@ Run add_launch(CLI::App& app) {
                  "node; COHORT_JOB_TOKEN)");
   app.add_option("--grace", o->grace, "Seconds between SIGTERM and SIGKILL when stopping ranks");
   app.add_option("--bind", o->bind,
-                 "Pin each local rank to one core: core, none, or auto (core when ranks do not "
-                 "outnumber the cores this launcher may use)")
+                 "Give each local rank its own share of the cores: core, none, or auto (core "
+                 "when ranks do not outnumber the cores this launcher may use)")
       ->check(CLI::IsMember({"auto", "core", "none"}));
   app.add_option("cmd", o->cmd, "PROGRAM [ARGS...] (after --)")->required();
   app.prefix_command();
@@ -199,11 +200,14 @@ Run add_launch(CLI::App& app) {
         setenv("COHORT_JOB_TOKEN", token.c_str(), 1);
         setenv("COHORT_STORE_EXTERNAL", "1", 1);
         if (o->nproc > 1) setenv("OMP_NUM_THREADS", "1", 0);
-        if (bind && !cpus.empty()) {
-          cpu_set_t one;
-          CPU_ZERO(&one);
-          CPU_SET(cpus[static_cast<size_t>(lr) % cpus.size()], &one);
-          sched_setaffinity(0, sizeof(one), &one);
+        if (bind && !cpus.empty()) {  // an equal, disjoint share of the cores per rank
+          const size_t share = std::max<size_t>(1, cpus.size() / static_cast<size_t>(o->nproc));
+          cpu_set_t set;
+          CPU_ZERO(&set);
+          for (size_t k = 0; k < share; ++k) {
+            CPU_SET(cpus[(static_cast<size_t>(lr) * share + k) % cpus.size()], &set);
+          }
+          sched_setaffinity(0, sizeof(set), &set);
         }
         std::vector<char*> argv;
         for (auto& a : o->cmd) argv.push_back(const_cast<char*>(a.c_str()));
