@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  const char* host = std::getenv("GLOO_HOST");  // this rank's address (emulated clusters)
+  attr.hostname = host ? host : "127.0.0.1";
   auto dev = gloo::transport::tcp::CreateDevice(attr);
   gloo::rendezvous::FileStore store(dir);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, n);
