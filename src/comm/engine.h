@@ -14,6 +14,7 @@
 #include "cohort/comm/communicator.h"
 #include "cohort/comm/cost_model.h"
 #include "cohort/comm/types.h"
+#include "cohort/comm/wire.h"
 
 namespace cohort::comm::detail {
 
@@ -27,6 +28,12 @@ struct CollDesc {
   uint32_t root = 0;
   uint64_t count = 0;
   std::string str() const;
+
+  // The header in front of each message of this call, and back.
+  wire::MsgHeader header(uint64_t payload_bytes) const;
+  static CollDesc of(const wire::MsgHeader& h);
+  // Whether a peer's header belongs to this very call (point-to-point ignores op and root).
+  bool matches(const wire::MsgHeader& h) const;
 };
 
 // An ordered subset of the communicator's ranks (rings and trees run over groups).

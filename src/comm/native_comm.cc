@@ -109,6 +109,36 @@ Settings Settings::from_env() {
   return s;
 }
 
+wire::MsgHeader CollDesc::header(uint64_t payload_bytes) const {
+  wire::MsgHeader h;
+  h.coll = static_cast<uint8_t>(coll);
+  h.dtype = static_cast<uint8_t>(dtype);
+  h.redop = static_cast<uint8_t>(op);
+  h.seq = seq;
+  h.root = root;
+  h.count = count;
+  h.bytes = payload_bytes;
+  return h;
+}
+
+CollDesc CollDesc::of(const wire::MsgHeader& h) {
+  CollDesc d;
+  d.coll = static_cast<Coll>(h.coll);
+  d.dtype = static_cast<DataType>(h.dtype);
+  d.op = static_cast<RedOp>(h.redop);
+  d.seq = h.seq;
+  d.root = h.root;
+  d.count = h.count;
+  return d;
+}
+
+bool CollDesc::matches(const wire::MsgHeader& h) const {
+  const wire::MsgHeader mine = header(h.bytes);
+  const bool p2p = coll == Coll::sendrecv;
+  return h.coll == mine.coll && h.seq == mine.seq && h.count == mine.count &&
+         h.dtype == mine.dtype && (p2p || (h.redop == mine.redop && h.root == mine.root));
+}
+
 std::string CollDesc::str() const {
   std::string s = std::string(collective_name(coll)) + "(count=" + std::to_string(count) + ", " +
                   dtype_name(dtype);
@@ -670,16 +700,9 @@ struct NativeComm::Transfer {
 };
 
 void NativeComm::mismatch(int peer, const wire::MsgHeader& h) {
-  CollDesc theirs;
-  theirs.coll = static_cast<Coll>(h.coll);
-  theirs.dtype = static_cast<DataType>(h.dtype);
-  theirs.op = static_cast<RedOp>(h.redop);
-  theirs.seq = h.seq;
-  theirs.root = h.root;
-  theirs.count = h.count;
   COHORT_THROW_AS(CommError, "collective mismatch: this rank issued " << desc_.str() << " but rank "
                                                                       << peer << " issued "
-                                                                      << theirs.str());
+                                                                      << CollDesc::of(h).str());
 }
 
 static const unsigned kSpin = static_cast<unsigned>(env::int_or("COHORT_SPIN", 2000));
@@ -713,14 +736,7 @@ void NativeComm::exchange_n(const SendOp* sends, size_t ns, const RecvOp* recvs,
       t.staged = 0;
       if (is_send) {
         t.src = static_cast<const uint8_t*>(src) + lo;
-        wire::MsgHeader h;
-        h.coll = static_cast<uint8_t>(desc_.coll);
-        h.dtype = static_cast<uint8_t>(desc_.dtype);
-        h.redop = static_cast<uint8_t>(desc_.op);
-        h.seq = desc_.seq;
-        h.root = desc_.root;
-        h.count = desc_.count;
-        h.bytes = t.bytes;
+        const wire::MsgHeader h = desc_.header(t.bytes);
         if (t.bytes <= kInline) {
           std::memcpy(t.stage, &h, sizeof(h));
           if (t.bytes) std::memcpy(t.stage + sizeof(h), t.src, t.bytes);
@@ -783,13 +799,8 @@ void NativeComm::exchange_n(const SendOp* sends, size_t ns, const RecvOp* recvs,
       t.hdr_done += k;
       moved = k > 0;
       if (t.hdr_done < sizeof(t.hdr_buf)) return moved;
-      wire::MsgHeader h = wire::parse_header(t.hdr_buf, sizeof(t.hdr_buf));
-      bool p2p = desc_.coll == Coll::sendrecv;
-      if (h.coll != static_cast<uint8_t>(desc_.coll) || h.seq != desc_.seq ||
-          h.count != desc_.count || h.dtype != static_cast<uint8_t>(desc_.dtype) ||
-          (!p2p && (h.redop != static_cast<uint8_t>(desc_.op) || h.root != desc_.root))) {
-        mismatch(t.peer, h);
-      }
+      const wire::MsgHeader h = wire::parse_header(t.hdr_buf, sizeof(t.hdr_buf));
+      if (!desc_.matches(h)) mismatch(t.peer, h);
       if (h.bytes != t.bytes) {
         COHORT_THROW_AS(CommError, "in " << desc_.str() << " rank " << t.peer << " sent " << h.bytes
                                          << " bytes where this rank expected " << t.bytes
@@ -907,13 +918,10 @@ void NativeComm::check_while_idle(Clock::time_point idle_since) {
         if (l->peek(buf, sizeof(buf)) < sizeof(buf)) continue;
         wire::MsgHeader h;
         std::memcpy(&h, buf, sizeof(h));
+        // Only a header of this same call number can contradict it; later calls may be queued.
         if (h.magic != wire::kMsgMagic || h.seq != desc_.seq) continue;
         if (h.coll == static_cast<uint8_t>(Coll::sendrecv)) continue;
-        if (h.coll != static_cast<uint8_t>(desc_.coll) || h.count != desc_.count ||
-            h.dtype != static_cast<uint8_t>(desc_.dtype) ||
-            h.redop != static_cast<uint8_t>(desc_.op) || h.root != desc_.root) {
-          mismatch(p, h);
-        }
+        if (!desc_.matches(h)) mismatch(p, h);
       }
     }
   }

@@ -190,19 +190,20 @@ std::vector<uint8_t> encode_jpeg(const Image& img, int quality) {
   return out;
 }
 
-std::vector<uint8_t> read_file(const std::string& path) {
+void read_file_into(const std::string& path, std::vector<uint8_t>& out) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) COHORT_THROW_AS(DecodeError, path << ": cannot open: " << errno_string(errno));
-  std::vector<uint8_t> out;
   std::fseek(f, 0, SEEK_END);
   long n = std::ftell(f);
   std::fseek(f, 0, SEEK_SET);
-  if (n > 0) {
-    out.resize(static_cast<size_t>(n));
-    size_t got = std::fread(out.data(), 1, out.size(), f);
-    out.resize(got);
-  }
+  out.resize(n > 0 ? static_cast<size_t>(n) : 0);  // keeps the capacity of earlier reads
+  if (n > 0) out.resize(std::fread(out.data(), 1, out.size(), f));
   std::fclose(f);
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::vector<uint8_t> out;
+  read_file_into(path, out);
   return out;
 }
 

@@ -64,11 +64,9 @@ struct Pipeline::Slot {
   size_t batch = SIZE_MAX;
   int count = 0;
   int done = 0;
-  std::vector<int> labels;
   std::vector<size_t> indices;
   std::vector<uint64_t> hashes;
   std::vector<uint8_t> valid;
-  std::vector<uint8_t> compact;  // scratch for skipping invalid samples
 };
 
 namespace {
@@ -96,7 +94,6 @@ Pipeline::Pipeline(std::shared_ptr<const Source> source, PipelineOptions opt)
     s->data = alloc_batch(batch_bytes, &s->pinned);
     if (!s->data) COHORT_THROW("cannot allocate " << batch_bytes << " bytes for a batch");
     pinned_ = s->pinned;
-    s->labels.resize(static_cast<size_t>(opt_.batch));
     s->indices.resize(static_cast<size_t>(opt_.batch));
     s->hashes.resize(static_cast<size_t>(opt_.batch));
     s->valid.resize(static_cast<size_t>(opt_.batch));
@@ -283,7 +280,6 @@ void Pipeline::run_task(size_t t) {
       for (size_t i = sample_bytes_ / 8 * 8; i < sample_bytes_; ++i) h = mix64(h ^ dst[i]);
     }
     post_s = seconds_since(t3);
-    s.labels[j] = source_->labels(idx).front();
     s.indices[j] = idx;
     s.hashes[j] = h;
     s.valid[j] = 1;
@@ -325,7 +321,6 @@ bool Pipeline::next(Batch* out) {
     if (!s.valid[static_cast<size_t>(j)]) continue;
     if (n != j) {
       std::memmove(s.data + n * sample_bytes_, s.data + j * sample_bytes_, sample_bytes_);
-      s.labels[static_cast<size_t>(n)] = s.labels[static_cast<size_t>(j)];
       s.indices[static_cast<size_t>(n)] = s.indices[static_cast<size_t>(j)];
       s.hashes[static_cast<size_t>(n)] = s.hashes[static_cast<size_t>(j)];
     }
@@ -336,10 +331,12 @@ bool Pipeline::next(Batch* out) {
   out->channels = channels_;
   out->height = opt_.size;
   out->width = opt_.size;
-  out->labels.assign(s.labels.begin(), s.labels.begin() + n);
+  // Labels come from the source by index: the slot keeps only which samples it holds.
+  out->labels.resize(static_cast<size_t>(n));
   out->label_sets.resize(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    out->label_sets[static_cast<size_t>(i)] = source_->labels(s.indices[static_cast<size_t>(i)]);
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    out->label_sets[i] = source_->labels(s.indices[i]);
+    out->labels[i] = out->label_sets[i].front();
   }
   out->indices.assign(s.indices.begin(), s.indices.begin() + n);
   out->sample_hashes.assign(s.hashes.begin(), s.hashes.begin() + n);

@@ -76,7 +76,7 @@ class FileSource final : public Source {
   const std::vector<int>& labels(size_t i) const override { return s_[i].labels; }
   std::string name(size_t i) const override { return s_[i].path; }
   std::span<const uint8_t> bytes(size_t i, std::vector<uint8_t>& scratch) const override {
-    scratch = read_file(s_[i].path);
+    read_file_into(s_[i].path, scratch);
     return scratch;
   }
 

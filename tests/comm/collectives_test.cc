@@ -194,8 +194,7 @@ void check_data_movement(Communicator& c, DataType t, size_t count) {
     c.allgather(in.p, out.p, count, t, o).wait();
     for (int r = 0; r < n; ++r) {
       for (size_t i = 0; i < count; ++i) {
-        REQUIRE(load(t, out.p, r * count + i) == load(t, in.p, 0) * 0 + input(t, op, r, i) ||
-                    near(t, load(t, out.p, r * count + i), input(t, op, r, i)),
+        REQUIRE(near(t, load(t, out.p, r * count + i), input(t, op, r, i)),
                 "allgather " << dtype_name(t) << " count " << count << " block " << r);
       }
     }

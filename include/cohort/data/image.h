@@ -50,6 +50,8 @@ std::vector<uint8_t> encode_png(const Image& img);
 std::vector<uint8_t> encode_jpeg(const Image& img, int quality);
 
 std::vector<uint8_t> read_file(const std::string& path);
+// Reads into `out`, reusing its capacity (the pipeline reads one file per sample).
+void read_file_into(const std::string& path, std::vector<uint8_t>& out);
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes);  // atomic rename
 
 }  // namespace cohort::data
