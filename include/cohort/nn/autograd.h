@@ -1,0 +1,104 @@
+// Reverse-mode autograd over a tape. Each op, while a Tape is recording, pushes the closure that
+// back-propagates it; Tape::backward runs them in reverse and frees what each one held as it
+// goes. Parameters live in one flat buffer per model (Param::value and ::grad are views into it);
+// when the last use of a parameter in this step has been back-propagated, its gradient is final
+// and the tape fires the grad-ready hooks (what DDP's overlapped bucket allreduce listens to).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/tensor/tensor.h"
+
+namespace cohort::nn {
+
+using tensor::DType;
+using tensor::Shape;
+using tensor::Tensor;
+
+struct Param {
+  std::string name;  // torchvision's name, e.g. "layer1.0.conv1.weight"
+  Shape shape;
+  Tensor value, grad;  // views into the model's flat buffers
+  bool decay = true;   // false for norm weights and biases (optimisers may exempt them)
+  size_t offset = 0;   // in elements, into the flat buffers
+  int index = 0;       // registration order
+  int pending = 0;     // uses recorded in this forward, not yet back-propagated
+};
+
+struct Node {
+  Tensor value;
+  Tensor grad;  // undefined until some gradient arrives
+  Param* param = nullptr;
+  bool requires_grad = false;
+};
+using Var = std::shared_ptr<Node>;
+
+Var constant(Tensor t);  // an input: no gradient
+Var leaf(Param& p);      // a parameter: gradient accumulates into p.grad
+
+class Tape {
+ public:
+  using Hook = std::function<void(Param&)>;
+  Tape() = default;
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+
+  // Makes this the thread's recording tape for the guard's lifetime.
+  class Recording {
+   public:
+    explicit Recording(Tape& t);
+    ~Recording();
+
+   private:
+    Tape* prev_;
+  };
+
+  // The tape ops record onto, or null (no tape, or inside NoGrad).
+  static Tape* current();
+
+  // `out` is the op's result: once its closure has run, its gradient is dropped.
+  void push(const Var& out, std::function<void()> backward);
+  void use(Param& p);
+  // After an op's backward added to p.grad: fires the hooks when that was p's last use.
+  void param_done(Param& p);
+
+  void on_grad_ready(Hook h) { hooks_.push_back(std::move(h)); }
+  void clear_hooks() { hooks_.clear(); }
+  // Seeds d(loss)/d(loss) = seed and runs every recorded closure in reverse, then clears.
+  // A parameter whose uses got no gradient (an unused branch) is reported ready at the end,
+  // with its gradient unchanged, so that whoever waits on every parameter never hangs.
+  void backward(const Var& loss, float seed = 1.0f);
+  void clear();
+  size_t size() const { return ops_.size(); }
+
+ private:
+  struct Op {
+    Var out;
+    std::function<void()> backward;
+  };
+  std::vector<Op> ops_;
+  std::vector<Hook> hooks_;
+  std::vector<Param*> used_;  // parameters used in this forward, in first-use order
+};
+
+// Inside this scope ops record nothing (evaluation, the optimiser step).
+class NoGrad {
+ public:
+  NoGrad();
+  ~NoGrad();
+
+ private:
+  Tape* prev_;
+};
+
+// True when ops should record (a tape is current and x needs a gradient).
+bool recording(const Var& x);
+
+// Adds g to n's gradient. g must not be held by anyone else unless the caller passes it here
+// for several nodes (a sum's backward): a shared gradient is never updated in place.
+void accumulate(Node& n, Tensor g);
+
+}  // namespace cohort::nn

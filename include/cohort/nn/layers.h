@@ -1,0 +1,173 @@
+// Layers of convolutional networks. Forward runs on oneDNN (convolution, batch norm, pooling,
+// matmul) or on plain loops the compiler vectorises (activations, sums, losses); each layer
+// caches its oneDNN primitives per input shape. 4-d activations are channels-last.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/nn/module.h"
+
+namespace cohort::nn {
+
+struct Conv2dOptions {
+  int in = 0, out = 0, kernel = 3;
+  int stride = 1, padding = 0, dilation = 1, groups = 1;
+  bool bias = false;
+};
+
+class Conv2d : public Module {
+ public:
+  explicit Conv2d(Conv2dOptions o);
+  ~Conv2d() override;
+  Var forward(const Var& x) override;
+  void reset_parameters(uint64_t seed) override;  // kaiming normal, fan_out, ReLU gain
+  const Conv2dOptions& options() const { return o_; }
+  // torchvision's DenseNet initialises with fan_in.
+  bool fan_out = true;
+  Param& weight() { return *w_; }
+
+ private:
+  struct Plan;
+  Conv2dOptions o_;
+  Param* w_ = nullptr;
+  Param* b_ = nullptr;
+  std::map<Shape, std::unique_ptr<Plan>> plans_;
+};
+
+// relu = true fuses the ReLU that follows (torchvision's bn1 + relu), saving a pass.
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int channels, bool relu = false, float eps = 1e-5f, float momentum = 0.1f);
+  ~BatchNorm2d() override;
+  Var forward(const Var& x) override;
+  void reset_parameters(uint64_t seed) override;  // weight 1, bias 0
+  Buffer& running_mean() { return *mean_; }
+  Buffer& running_var() { return *var_; }
+  int channels() const { return c_; }
+
+ private:
+  struct Plan;
+  int c_;
+  bool relu_;
+  float eps_, momentum_;
+  Param* w_;
+  Param* b_;
+  Buffer* mean_;
+  Buffer* var_;
+  Buffer* tracked_;
+  std::map<std::pair<Shape, bool>, std::unique_ptr<Plan>> plans_;
+};
+
+class ReLU : public Module {
+ public:
+  Var forward(const Var& x) override;
+};
+
+struct PoolOptions {
+  int kernel = 2, stride = 2, padding = 0;
+};
+
+enum class PoolKind { max, avg };
+
+// Max pooling, or average pooling with count_include_pad = true (torch.nn.AvgPool2d's default).
+class Pool2d : public Module {
+ public:
+  Pool2d(PoolKind kind, PoolOptions o);
+  ~Pool2d() override;
+  Var forward(const Var& x) override;
+
+ private:
+  struct Plan;
+  PoolKind kind_;
+  PoolOptions o_;
+  std::map<Shape, std::unique_ptr<Plan>> plans_;
+};
+
+class MaxPool2d : public Pool2d {
+ public:
+  explicit MaxPool2d(PoolOptions o) : Pool2d(PoolKind::max, o) {}
+};
+
+class AvgPool2d : public Pool2d {
+ public:
+  explicit AvgPool2d(PoolOptions o) : Pool2d(PoolKind::avg, o) {}
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  AdaptiveAvgPool2d(int out_h, int out_w) : oh_(out_h), ow_(out_w) {}
+  Var forward(const Var& x) override;
+
+ private:
+  int oh_, ow_;
+};
+
+// [N, C, H, W] -> [N, C*H*W] in PyTorch's (channel-major) order.
+class Flatten : public Module {
+ public:
+  Var forward(const Var& x) override;
+};
+
+class Linear : public Module {
+ public:
+  Linear(int in, int out, bool bias = true);
+  Var forward(const Var& x) override;
+  // torch.nn.Linear's default: uniform(+-1/sqrt(in)) for weight and bias.
+  void reset_parameters(uint64_t seed) override;
+  bool zero_bias = false;  // torchvision's DenseNet zeroes the classifier bias
+  Param& weight() { return *w_; }
+
+ private:
+  int in_, out_;
+  Param* w_;
+  Param* b_ = nullptr;
+};
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(float p, uint64_t seed = 0) : p_(p), seed_(seed) {}
+  Var forward(const Var& x) override;
+
+ private:
+  float p_;
+  uint64_t seed_;
+  uint64_t calls_ = 0;
+};
+
+// Functions without parameters.
+Var relu(const Var& x);
+Var add(const Var& a, const Var& b);
+Var add_relu(const Var& a, const Var& b);         // relu(a + b): a residual block's tail
+Var concat_channels(const std::vector<Var>& xs);  // along dimension 1 (DenseNet)
+Var flatten(const Var& x);
+// Mean cross-entropy over the batch of logits [N, K]; label smoothing as torch's.
+Var cross_entropy(const Var& logits, const std::vector<int>& labels, float smoothing = 0.0f);
+// Mean binary cross-entropy with logits over [N, K] against 0/1 targets of the same shape.
+Var bce_with_logits(const Var& logits, const Tensor& targets);
+
+// Where forward and backward time goes, per kind of op ("conv.fwd", "bn.bwd", ...).
+namespace profile {
+void enable(bool on);
+bool enabled();
+void reset();
+struct Entry {
+  std::string op;
+  double seconds = 0;
+  uint64_t calls = 0;
+};
+std::vector<Entry> entries();  // largest first
+class Scope {
+ public:
+  explicit Scope(const char* op);
+  ~Scope();
+
+ private:
+  const char* op_;
+  double t0_ = 0;
+};
+}  // namespace profile
+
+}  // namespace cohort::nn

@@ -1,0 +1,57 @@
+// A model: a module tree plus its parameters laid out in one flat f32 value buffer and one
+// flat gradient buffer (each parameter 64-byte aligned inside them), in registration order.
+// Flat buffers are what DDP buckets and ZeRO shards slice; the per-layer tensors are views.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/nn/module.h"
+
+namespace cohort::nn {
+
+struct ModelOptions {
+  int in_channels = 3;  // 1 for grayscale scans
+  int num_classes = 1000;
+  int image_size = 224;  // the small CNN sizes its classifier from it
+  uint64_t seed = 0;
+};
+
+class Model {
+ public:
+  Model(std::string name, std::unique_ptr<Module> root, const ModelOptions& o);
+
+  Var forward(const Var& x) { return root_->forward(x); }
+  void train(bool on) { root_->train(on); }
+  bool is_training() const { return root_->is_training(); }
+  void zero_grad() { grads_.zero_(); }
+
+  const std::string& name() const { return name_; }
+  const ModelOptions& options() const { return opt_; }
+  const std::vector<Param*>& params() const { return params_; }
+  const std::vector<Buffer*>& buffers() const { return buffers_; }
+  Param* find_param(const std::string& name) const;
+  Buffer* find_buffer(const std::string& name) const;
+  int64_t num_parameters() const;  // elements, without alignment padding
+  Tensor& flat_values() { return values_; }
+  Tensor& flat_grads() { return grads_; }
+  Module& root() { return *root_; }
+
+  // Re-runs torchvision's initialisation from a seed.
+  void reset_parameters(uint64_t seed);
+
+ private:
+  std::string name_;
+  std::unique_ptr<Module> root_;
+  ModelOptions opt_;
+  std::vector<Param*> params_;
+  std::vector<Buffer*> buffers_;
+  Tensor values_, grads_;
+};
+
+// resnet18/34/50/101/152, densenet121, smallcnn. Throws naming the known names otherwise.
+std::unique_ptr<Model> make_model(const std::string& name, const ModelOptions& o);
+std::vector<std::string> model_names();
+
+}  // namespace cohort::nn

@@ -1,0 +1,39 @@
+// safetensors, the weight format PyTorch users exchange: an 8-byte little-endian header length,
+// a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then raw bytes.
+// Writes go to a temporary name, are flushed and fsynced, then renamed over the target, so a
+// crash mid-write leaves the previous file intact.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cohort/nn/model.h"
+
+namespace cohort::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+struct SafeTensors {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+// Every malformed, truncated or inconsistent file is an error naming the file and the entry.
+SafeTensors load_safetensors(const std::string& path);
+
+// The model's parameters and buffers under torchvision's names (torch's state_dict).
+void save_weights(const Model& m, const std::string& path,
+                  const std::map<std::string, std::string>& metadata = {});
+// Strict, as torch's load_state_dict: every name present with the same shape, nothing extra.
+// bf16/f16 values are widened to f32.
+void load_weights(Model& m, const std::string& path);
+
+// Writes bytes to path through a temporary file, fsync and rename (also used by checkpoints).
+void write_file_atomically(const std::string& path,
+                           const std::vector<std::pair<const void*, size_t>>& parts);
+
+}  // namespace cohort::nn

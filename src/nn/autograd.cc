@@ -1,0 +1,110 @@
+#include "cohort/nn/autograd.h"
+
+namespace cohort::nn {
+
+namespace {
+thread_local Tape* g_tape = nullptr;
+}
+
+Var constant(Tensor t) {
+  auto n = std::make_shared<Node>();
+  n->value = std::move(t);
+  return n;
+}
+
+Var leaf(Param& p) {
+  auto n = std::make_shared<Node>();
+  n->value = p.value;
+  n->param = &p;
+  n->requires_grad = true;
+  return n;
+}
+
+Tape::Recording::Recording(Tape& t) : prev_(g_tape) {
+  g_tape = &t;
+}
+Tape::Recording::~Recording() {
+  g_tape = prev_;
+}
+
+Tape* Tape::current() {
+  return g_tape;
+}
+
+NoGrad::NoGrad() : prev_(g_tape) {
+  g_tape = nullptr;
+}
+NoGrad::~NoGrad() {
+  g_tape = prev_;
+}
+
+bool recording(const Var& x) {
+  return g_tape != nullptr && x->requires_grad;
+}
+
+void Tape::push(const Var& out, std::function<void()> backward) {
+  out->requires_grad = true;
+  ops_.push_back({out, std::move(backward)});
+}
+
+void Tape::use(Param& p) {
+  if (p.pending++ == 0) used_.push_back(&p);
+}
+
+void Tape::param_done(Param& p) {
+  COHORT_CHECK(p.pending > 0, "parameter " << p.name << " back-propagated more often than used");
+  if (--p.pending == 0) {
+    for (auto& h : hooks_) h(p);
+  }
+}
+
+void Tape::backward(const Var& loss, float seed) {
+  COHORT_CHECK(loss->value.numel() == 1,
+               "backward needs a scalar loss, got " << tensor::shape_string(loss->value.shape()));
+  COHORT_CHECK(!ops_.empty() && loss->requires_grad,
+               "backward: nothing was recorded for this loss (was the forward run under a "
+               "recording tape, and does the loss depend on parameters?)");
+  Tensor g = Tensor::full(loss->value.shape(), seed);
+  accumulate(*loss, g);
+  for (size_t i = ops_.size(); i-- > 0;) {
+    Op op = std::move(ops_[i]);
+    ops_.pop_back();
+    if (op.out->grad.defined()) op.backward();
+    op.out->grad = Tensor();
+  }
+  for (Param* p : used_) {
+    if (p->pending > 0) {
+      p->pending = 1;
+      param_done(*p);
+    }
+  }
+  clear();
+}
+
+void Tape::clear() {
+  ops_.clear();
+  for (Param* p : used_) p->pending = 0;
+  used_.clear();
+}
+
+void accumulate(Node& n, Tensor g) {
+  if (n.param) {
+    tensor::add_(n.param->grad, g);
+    return;
+  }
+  if (!n.grad.defined()) {
+    n.grad = std::move(g);
+    return;
+  }
+  if (n.grad.block().use_count() > 1) {
+    // Shared with another node (the two inputs of a sum): add out of place.
+    Tensor sum = n.grad.clone(n.grad.is_channels_last() ? tensor::Order::channels_last
+                                                        : tensor::Order::contiguous);
+    tensor::add_(sum, g);
+    n.grad = std::move(sum);
+    return;
+  }
+  tensor::add_(n.grad, g);
+}
+
+}  // namespace cohort::nn
