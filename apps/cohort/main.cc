@@ -24,13 +24,19 @@ int main(int argc, char** argv) {
   CLI::App* pack = app.add_subcommand("pack", "Pack a data set into record shards");
   runs[pack] = cohort::cli::add_pack(*pack);
 
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: comm, data");
+  CLI::App* train = app.add_subcommand("train", "Train a model (flags or --config FILE)");
+  runs[train] = cohort::cli::add_train(*train);
+
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: comm, data, train");
   bench->require_subcommand(1);
   CLI::App* bench_comm =
       bench->add_subcommand("comm", "Collective bandwidth and latency, nccl-tests style");
   runs[bench_comm] = cohort::cli::add_bench_comm(*bench_comm);
   CLI::App* bench_data = bench->add_subcommand("data", "Input pipeline throughput and determinism");
   runs[bench_data] = cohort::cli::add_bench_data(*bench_data);
+  CLI::App* bench_train =
+      bench->add_subcommand("train", "Training step time on synthetic data, with the op split");
+  runs[bench_train] = cohort::cli::add_bench_train(*bench_train);
 
   try {
     app.parse(argc, argv);

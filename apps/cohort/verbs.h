@@ -15,5 +15,7 @@ Run add_make_dataset(CLI::App& app);
 Run add_pack(CLI::App& app);
 Run add_topo(CLI::App& app);
 Run add_bench_data(CLI::App& bench);
+Run add_train(CLI::App& app);
+Run add_bench_train(CLI::App& bench);
 
 }  // namespace cohort::cli

@@ -42,10 +42,12 @@ memory::desc vec(int64_t n) {
   return memory::desc({n}, kF32, memory::format_tag::a);
 }
 
-// Reorders when oneDNN wants another layout; otherwise uses the tensor's memory as it is.
+// Reorders when oneDNN wants another layout; otherwise uses the tensor's memory as it is. The
+// reordered copy lives in `scratch`, taken from the caching allocator for this call only: kept
+// per layer, such copies would cost a second and third copy of every weight.
 memory as_layout(const memory& user, const memory::desc& want, Tensor* scratch) {
   if (user.get_desc() == want) return user;
-  if (!scratch->defined() || scratch->bytes() < want.get_size()) *scratch = dn::empty_like(want);
+  *scratch = dn::empty_like(want);
   memory m(want, dn::engine(), scratch->raw());
   dn::reorder(user, m);
   return m;
@@ -115,7 +117,6 @@ struct Conv2d::Plan {
   dnnl::convolution_backward_data bwd_d;
   dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
   dnnl::convolution_backward_weights bwd_w;
-  Tensor w_fwd, w_bwd, dw, db;  // scratch: weights in oneDNN's layouts, gradients
   memory::dims strides, dil, pad;
 };
 
@@ -176,8 +177,9 @@ Var Conv2d::forward(const Var& x_in) {
   }
   Plan& p = *slot;
   Tensor y = Tensor::empty(p.out_shape, DType::f32, Order::channels_last);
+  Tensor w_scratch;
   memory w = as_layout(memory(p.w_plain, dn::engine(), w_->value.raw()), p.fwd_pd.weights_desc(),
-                       &p.w_fwd);
+                       &w_scratch);
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, dn::mem(x)}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dn::mem(y)}};
   if (b_) args[DNNL_ARG_BIAS] = memory(vec(o_.out), dn::engine(), b_->value.raw());
@@ -216,28 +218,29 @@ Var Conv2d::forward(const Var& x_in) {
       {
         profile::Scope prof("conv.bwd_w");
         const memory::desc dwd = p.bwd_w_pd.diff_weights_desc();
-        if (!p.dw.defined() || p.dw.bytes() < dwd.get_size()) p.dw = dn::empty_like(dwd);
-        memory dw(dwd, dn::engine(), p.dw.raw());
+        Tensor dw_scratch = dn::empty_like(dwd), db;
+        memory dw(dwd, dn::engine(), dw_scratch.raw());
         std::unordered_map<int, memory> args{{DNNL_ARG_SRC, dn::mem(x)},
                                              {DNNL_ARG_DIFF_DST, dn::mem(dy)},
                                              {DNNL_ARG_DIFF_WEIGHTS, dw}};
         if (b_) {
-          if (!p.db.defined()) p.db = Tensor::empty({o_.out});
-          args[DNNL_ARG_DIFF_BIAS] = dn::mem(p.db);
+          db = Tensor::empty({o_.out});
+          args[DNNL_ARG_DIFF_BIAS] = dn::mem(db);
         }
         p.bwd_w.execute(dn::stream(), args);
         dn::reorder(dw, memory(p.w_plain, dn::engine(), w_->grad.raw()), /*accumulate=*/true);
         tape->param_done(*w_);
         if (b_) {
-          tensor::add_(b_->grad, p.db);
+          tensor::add_(b_->grad, db);
           tape->param_done(*b_);
         }
       }
       if (x_in->requires_grad) {
         profile::Scope prof("conv.bwd_d");
         Tensor dx = Tensor::empty(x.shape(), DType::f32, Order::channels_last);
+        Tensor w_scratch;
         memory w = as_layout(memory(p.w_plain, dn::engine(), w_->value.raw()),
-                             p.bwd_d_pd.weights_desc(), &p.w_bwd);
+                             p.bwd_d_pd.weights_desc(), &w_scratch);
         p.bwd_d.execute(dn::stream(), {{DNNL_ARG_DIFF_DST, dn::mem(dy)},
                                        {DNNL_ARG_WEIGHTS, w},
                                        {DNNL_ARG_DIFF_SRC, dn::mem(dx)}});
@@ -450,8 +453,10 @@ Var add_impl(const Var& a, const Var& b, bool then_relu) {
       const Tensor& yv = out->value;
       const Order order = yv.is_channels_last() ? Order::channels_last : Order::contiguous;
       Tensor g = out->grad.strides() == yv.strides() ? out->grad : out->grad.clone(order);
+      out->grad = Tensor();
       if (then_relu) {
-        Tensor m = Tensor::empty(yv.shape(), DType::f32, order);
+        // In place when nobody else holds the gradient: no new buffer the size of the output.
+        Tensor m = g.block().use_count() == 1 ? g : Tensor::empty(yv.shape(), DType::f32, order);
         const float* o = yv.data<float>();
         const float* s = g.data<float>();
         float* r = m.data<float>();
@@ -460,7 +465,6 @@ Var add_impl(const Var& a, const Var& b, bool then_relu) {
         for (int64_t i = 0; i < n; ++i) r[i] = o[i] > 0 ? s[i] : 0.0f;
         g = m;
       }
-      out->grad = Tensor();
       if (a->requires_grad) accumulate(*a, g);
       if (b->requires_grad) accumulate(*b, g);
     });

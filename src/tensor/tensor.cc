@@ -375,6 +375,17 @@ void add_(Tensor& dst, const Tensor& src, float alpha) {
   }
 }
 
+void add_into(Tensor& dst, const Tensor& a, const Tensor& b) {
+  check_pair(dst, a, "add_into");
+  check_pair(dst, b, "add_into");
+  float* d = dst.data<float>();
+  const float* p = a.data<float>();
+  const float* q = b.data<float>();
+  const int64_t n = dst.numel();
+#pragma omp parallel for simd if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) d[i] = p[i] + q[i];
+}
+
 void scale_(Tensor& dst, float s) {
   COHORT_CHECK(dst.is_dense() && dst.dtype() == DType::f32, "scale_ needs dense f32");
   float* d = dst.data<float>();

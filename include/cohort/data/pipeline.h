@@ -30,6 +30,7 @@ struct PipelineOptions {
   int size = 224;    // output height and width
   uint64_t seed = 0;
   bool train = true;  // random-resized-crop + flips; otherwise resize + center crop
+  double crop_scale_min = 0.08;  // random-resized-crop's smallest area fraction
   int resize = 256;   // eval: shorter side before the center crop
   bool hflip = true;
   bool vflip = false;

@@ -119,6 +119,7 @@ Shape strides_for(const Shape& shape, Order order);
 
 // f32 kernels over dense tensors of the same shape and layout (vectorised loops).
 void add_(Tensor& dst, const Tensor& src, float alpha = 1.0f);  // dst += alpha * src
+void add_into(Tensor& dst, const Tensor& a, const Tensor& b);   // dst = a + b
 void scale_(Tensor& dst, float s);
 double sum(const Tensor& t);
 double sum_squares(const Tensor& t);

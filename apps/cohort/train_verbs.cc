@@ -1,0 +1,76 @@
+// `cohort train` and `cohort bench train`.
+#include <map>
+#include <memory>
+
+#include "cohort/nn/model.h"
+#include "cohort/train/trainer.h"
+#include "verbs.h"
+
+namespace cohort::cli {
+
+Run add_train(CLI::App& app) {
+  struct Opts {
+    std::string config;
+    std::map<std::string, std::string> values;
+    std::map<std::string, bool> flags;
+    std::map<std::string, CLI::Option*> given;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--config", o->config,
+                 "JSON (.json) or TOML file with the same keys as the flags; flags override it");
+  train::TrainConfig defaults;
+  for (const train::ConfigKey& k : train::train_config_keys()) {
+    CLI::Option* opt = nullptr;
+    if (k.is_flag) {
+      opt = app.add_flag("--" + k.name, o->flags[k.name], k.help);
+    } else {
+      opt = app.add_option("--" + k.name, o->values[k.name], k.help);
+      const std::string d = k.get(defaults);
+      if (!d.empty()) opt->default_str(d);
+    }
+    o->given[k.name] = opt;
+  }
+  return [o]() -> int {
+    train::TrainConfig c;
+    if (!o->config.empty()) train::apply_config_file(c, o->config);
+    for (auto& [name, opt] : o->given) {
+      if (opt->count() == 0) continue;
+      const std::string v = o->flags.count(name) ? (o->flags[name] ? "true" : "false")
+                                                 : o->values[name];
+      train::set_config_key(c, name, v, "--" + name);
+    }
+    train::run_training(c);
+    return 0;
+  };
+}
+
+Run add_bench_train(CLI::App& app) {
+  auto o = std::make_shared<train::BenchTrainOptions>();
+  std::string models;
+  for (auto& n : nn::model_names()) models += (models.empty() ? "" : ", ") + n;
+  app.add_option("--model", o->model, "Model: " + models)->capture_default_str();
+  app.add_option("--batch", o->batch, "Samples per step")->capture_default_str()
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--image-size", o->image_size, "Height and width")->capture_default_str()
+      ->check(CLI::Range(8, 16384));
+  app.add_option("--in-channels", o->in_channels, "Input channels")->capture_default_str()
+      ->check(CLI::Range(1, 4));
+  app.add_option("--num-classes", o->num_classes, "Classes")->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
+  app.add_option("--steps", o->steps, "Timed steps")->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", o->warmup, "Untimed steps first")->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--threads", o->threads, "Compute threads (0: all this rank may use)")
+      ->capture_default_str();
+  app.add_option("--optimizer", o->optimizer, "sgd, adamw or lars")->capture_default_str()
+      ->check(CLI::IsMember({"sgd", "adamw", "lars"}));
+  app.add_option("--json", o->json, "Write the figures as JSON");
+  app.add_flag("!--no-profile", o->profile, "Skip the per-op time split");
+  return [o]() -> int {
+    train::bench_train(*o);
+    return 0;
+  };
+}
+
+}  // namespace cohort::cli

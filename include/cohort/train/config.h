@@ -1,0 +1,55 @@
+// Everything `cohort train` takes, as flags or as a config file (JSON or TOML) with the same
+// keys. One table of keys serves the flags, the files and the log, so the three never disagree.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace cohort::train {
+
+struct TrainConfig {
+  std::string model = "resnet18";
+  std::string data, val, save, json;
+  int epochs = 1;
+  int batch = 32;  // per rank
+  float lr = 0.1f;
+  std::string optimizer = "sgd";
+  float momentum = 0.9f;
+  float weight_decay = 1e-4f;
+  bool nesterov = false;
+  std::string schedule = "cosine";  // cosine | step | constant
+  float warmup_epochs = 0;
+  int step_epochs = 30;  // step schedule: x0.1 every this many epochs
+  std::string lr_scaling = "none";  // none | linear (Goyal et al., reference batch 256)
+  int lr_reference_batch = 256;
+  float label_smoothing = 0;
+  int image_size = 224;
+  float crop_scale = 0.08f;  // random-resized-crop's smallest area fraction
+  int in_channels = 0;       // 0: as the data decodes
+  int num_classes = 0;       // 0: from the data's labels
+  bool multilabel = false;   // BCE over findings instead of softmax over classes
+  int workers = 2;
+  int threads = 0;  // compute threads; 0: the cores this rank may use
+  int log_every = 10;
+  int64_t max_steps = 0;  // stop early (0: run every epoch)
+  uint64_t seed = 0;
+};
+
+struct ConfigKey {
+  std::string name;  // as a flag: --name; in a file: name (or name with '_' for '-')
+  std::string help;
+  std::function<void(TrainConfig&, const std::string&)> set;  // throws naming key and value
+  std::function<std::string(const TrainConfig&)> get;
+  bool is_flag = false;  // a boolean switch
+};
+
+const std::vector<ConfigKey>& train_config_keys();
+// Sets one key from text; unknown keys and malformed values are errors naming them.
+void set_config_key(TrainConfig& c, const std::string& key, const std::string& value,
+                    const std::string& origin);
+// Applies a JSON (.json) or TOML (anything else) file's keys over c.
+void apply_config_file(TrainConfig& c, const std::string& path);
+
+}  // namespace cohort::train

@@ -1,0 +1,66 @@
+// The training loop behind `cohort train` and `cohort bench train`: batches from the data
+// pipeline (channels-last f32, straight from its buffers), forward, loss, backward on a tape,
+// optimiser step on the flat buffers, progress lines, per-epoch validation, a JSON log.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cohort/nn/model.h"
+#include "cohort/nn/optim.h"
+#include "cohort/train/config.h"
+
+namespace cohort::train {
+
+using nn::Tensor;
+
+// The targets of one batch: class indices, or a [N, K] 0/1 matrix for multi-label findings.
+struct Targets {
+  std::vector<int> classes;
+  Tensor multilabel;
+};
+
+struct StepTimes {
+  double forward = 0, backward = 0, optimizer = 0;
+};
+
+// One optimisation step; returns the batch's loss.
+float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Targets& t, float lr,
+                 float label_smoothing, StepTimes* times = nullptr);
+
+struct EvalResult {
+  double loss = 0, accuracy = 0, auc = 0;  // auc: binary or mean over findings; NaN if undefined
+  size_t samples = 0;
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  double final_loss = 0;
+  double images_per_s = 0;
+  double seconds = 0;
+  EvalResult last_val;
+  bool has_val = false;
+};
+
+TrainSummary run_training(const TrainConfig& c);
+
+struct BenchTrainOptions {
+  std::string model = "resnet18";
+  int batch = 16, image_size = 128, in_channels = 3, num_classes = 1000;
+  int steps = 10, warmup = 3, threads = 0;
+  std::string optimizer = "sgd";
+  std::string json;
+  bool profile = true;  // time every kind of op and report the split
+};
+
+struct BenchTrainResult {
+  double ms_per_step = 0, ms_min = 0, images_per_s = 0;
+  double ms_forward = 0, ms_backward = 0, ms_optimizer = 0;
+  size_t peak_rss = 0;
+  int threads = 0;
+};
+
+// Synthetic data, timed steps; prints a table (the per-op split too) and writes JSON.
+BenchTrainResult bench_train(const BenchTrainOptions& o);
+
+}  // namespace cohort::train

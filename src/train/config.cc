@@ -1,0 +1,193 @@
+#include "cohort/train/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "cohort/core/error.h"
+
+namespace cohort::train {
+
+namespace {
+
+template <class T>
+T parse_number(const std::string& key, const std::string& text) {
+  std::istringstream in(text);
+  T v{};
+  in >> v;
+  COHORT_CHECK(!in.fail() && in.eof(), "'" << key << "' wants a number, got '" << text << "'");
+  return v;
+}
+
+bool parse_bool(const std::string& key, const std::string& text) {
+  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
+  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
+  COHORT_THROW("'" << key << "' wants true or false, got '" << text << "'");
+}
+
+template <class T>
+ConfigKey num(const char* name, const char* help, T TrainConfig::*field, T lo, T hi) {
+  ConfigKey k;
+  k.name = name;
+  k.help = help;
+  k.set = [=](TrainConfig& c, const std::string& v) {
+    const T x = parse_number<T>(name, v);
+    COHORT_CHECK(x >= lo && x <= hi, "'" << name << "' must be in [" << lo << ", " << hi
+                                         << "], got " << v);
+    c.*field = x;
+  };
+  k.get = [=](const TrainConfig& c) {
+    std::ostringstream o;
+    o << c.*field;
+    return o.str();
+  };
+  return k;
+}
+
+ConfigKey str(const char* name, const char* help, std::string TrainConfig::*field,
+              std::vector<std::string> choices = {}) {
+  ConfigKey k;
+  k.name = name;
+  k.help = help;
+  k.set = [=](TrainConfig& c, const std::string& v) {
+    if (!choices.empty()) {
+      bool ok = false;
+      std::string list;
+      for (auto& ch : choices) {
+        ok |= ch == v;
+        list += (list.empty() ? "" : ", ") + ch;
+      }
+      COHORT_CHECK(ok, "'" << name << "' must be one of " << list << ", got '" << v << "'");
+    }
+    c.*field = v;
+  };
+  k.get = [=](const TrainConfig& c) { return c.*field; };
+  return k;
+}
+
+ConfigKey flag(const char* name, const char* help, bool TrainConfig::*field) {
+  ConfigKey k;
+  k.name = name;
+  k.help = help;
+  k.is_flag = true;
+  k.set = [=](TrainConfig& c, const std::string& v) { c.*field = parse_bool(name, v); };
+  k.get = [=](const TrainConfig& c) { return std::string(c.*field ? "true" : "false"); };
+  return k;
+}
+
+std::string normalise(std::string key) {
+  for (char& ch : key)
+    if (ch == '_') ch = '-';
+  return key;
+}
+
+}  // namespace
+
+const std::vector<ConfigKey>& train_config_keys() {
+  using C = TrainConfig;
+  static const std::vector<ConfigKey> keys{
+      str("model", "Model name (resnet18..152, densenet121, smallcnn)", &C::model),
+      str("data", "Training data: ImageFolder, CSV list or shard folder", &C::data),
+      str("val", "Validation data (same kinds)", &C::val),
+      str("save", "Folder for the final weights (model.safetensors)", &C::save),
+      str("json", "Write the JSON log of every figure here", &C::json),
+      num("epochs", "Epochs", &C::epochs, 1, 1000000),
+      num("batch", "Samples per batch (per rank)", &C::batch, 1, 65536),
+      num("lr", "Learning rate (before any scaling rule)", &C::lr, 0.0f, 1e6f),
+      str("optimizer", "sgd, adamw or lars", &C::optimizer, {"sgd", "adamw", "lars"}),
+      num("momentum", "SGD/LARS momentum", &C::momentum, 0.0f, 1.0f),
+      num("weight-decay", "Weight decay", &C::weight_decay, 0.0f, 1.0f),
+      flag("nesterov", "Nesterov momentum", &C::nesterov),
+      str("schedule", "cosine, step or constant (after warmup)", &C::schedule,
+          {"cosine", "step", "constant"}),
+      num("warmup-epochs", "Linear warmup length in epochs", &C::warmup_epochs, 0.0f, 1e6f),
+      num("step-epochs", "step schedule: x0.1 every this many epochs", &C::step_epochs, 1, 1000000),
+      str("lr-scaling", "none, or linear: lr x global batch / reference batch", &C::lr_scaling,
+          {"none", "linear"}),
+      num("lr-reference-batch", "Reference batch of the linear scaling rule",
+          &C::lr_reference_batch, 1, 1 << 30),
+      num("label-smoothing", "Cross-entropy label smoothing", &C::label_smoothing, 0.0f, 0.99f),
+      num("image-size", "Input height and width in pixels", &C::image_size, 8, 16384),
+      num("crop-scale", "Smallest area fraction of the random-resized crop", &C::crop_scale,
+          0.01f, 1.0f),
+      num("in-channels", "Input channels (0: as decoded)", &C::in_channels, 0, 4),
+      num("num-classes", "Classes (0: from the labels)", &C::num_classes, 0, 1 << 20),
+      flag("multilabel", "Multi-label findings (BCE with logits)", &C::multilabel),
+      num("workers", "Data pipeline threads", &C::workers, 1, 256),
+      num("threads", "Compute threads (0: this rank's cores)", &C::threads, 0, 1024),
+      num("log-every", "Steps between progress lines", &C::log_every, 1, 1 << 30),
+      num("max-steps", "Stop after this many steps (0: all epochs)", &C::max_steps, int64_t{0},
+          int64_t{1} << 40),
+      num("seed", "Seed of weights, sampling and augmentation", &C::seed, uint64_t{0},
+          ~uint64_t{0}),
+  };
+  return keys;
+}
+
+void set_config_key(TrainConfig& c, const std::string& key, const std::string& value,
+                    const std::string& origin) {
+  const std::string k = normalise(key);
+  for (const ConfigKey& ck : train_config_keys()) {
+    if (ck.name != k) continue;
+    try {
+      ck.set(c, value);
+    } catch (const Error& e) {
+      COHORT_THROW(origin << ": " << e.message());
+    }
+    return;
+  }
+  COHORT_THROW(origin << ": unknown key '" << key << "' (cohort train --help lists the keys)");
+}
+
+void apply_config_file(TrainConfig& c, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) COHORT_THROW("cannot open config file " << path << ": " << errno_string(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  const bool is_json = path.size() >= 5 && path.substr(path.size() - 5) == ".json";
+  if (is_json) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text.str());
+    } catch (const std::exception& e) {
+      COHORT_THROW("config file " << path << " is not valid JSON: " << e.what());
+    }
+    COHORT_CHECK(j.is_object(), "config file " << path << ": the top level must be an object");
+    for (auto& [k, v] : j.items()) {
+      COHORT_CHECK(v.is_primitive() && !v.is_null(),
+                   path << ": key '" << k << "' must be a string, number or boolean");
+      set_config_key(c, k, v.is_string() ? v.get<std::string>() : v.dump(), path);
+    }
+    return;
+  }
+  toml::table t;
+  try {
+    t = toml::parse(text.str(), path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream where;
+    where << e.source().begin;
+    COHORT_THROW("config file " << path << " is not valid TOML: " << e.description() << " at "
+                                << where.str());
+  }
+  for (auto& [k, node] : t) {
+    const std::string key(k.str());
+    std::string v;
+    if (auto s = node.value<std::string>(); s && node.is_string()) {
+      v = *s;
+    } else if (node.is_boolean()) {
+      v = *node.value<bool>() ? "true" : "false";
+    } else if (node.is_integer()) {
+      v = std::to_string(*node.value<int64_t>());
+    } else if (node.is_floating_point()) {
+      std::ostringstream o;
+      o << *node.value<double>();
+      v = o.str();
+    } else {
+      COHORT_THROW(path << ": key '" << key << "' must be a string, number or boolean");
+    }
+    set_config_key(c, key, v, path);
+  }
+}
+
+}  // namespace cohort::train
