@@ -35,8 +35,8 @@ Run add_train(CLI::App& app) {
     if (!o->config.empty()) train::apply_config_file(c, o->config);
     for (auto& [name, opt] : o->given) {
       if (opt->count() == 0) continue;
-      const std::string v = o->flags.count(name) ? (o->flags[name] ? "true" : "false")
-                                                 : o->values[name];
+      const std::string v =
+          o->flags.count(name) ? (o->flags[name] ? "true" : "false") : o->values[name];
       train::set_config_key(c, name, v, "--" + name);
     }
     train::run_training(c);
@@ -49,21 +49,28 @@ Run add_bench_train(CLI::App& app) {
   std::string models;
   for (auto& n : nn::model_names()) models += (models.empty() ? "" : ", ") + n;
   app.add_option("--model", o->model, "Model: " + models)->capture_default_str();
-  app.add_option("--batch", o->batch, "Samples per step")->capture_default_str()
+  app.add_option("--batch", o->batch, "Samples per step")
+      ->capture_default_str()
       ->check(CLI::Range(1, 65536));
-  app.add_option("--image-size", o->image_size, "Height and width")->capture_default_str()
+  app.add_option("--image-size", o->image_size, "Height and width")
+      ->capture_default_str()
       ->check(CLI::Range(8, 16384));
-  app.add_option("--in-channels", o->in_channels, "Input channels")->capture_default_str()
+  app.add_option("--in-channels", o->in_channels, "Input channels")
+      ->capture_default_str()
       ->check(CLI::Range(1, 4));
-  app.add_option("--num-classes", o->num_classes, "Classes")->capture_default_str()
+  app.add_option("--num-classes", o->num_classes, "Classes")
+      ->capture_default_str()
       ->check(CLI::Range(2, 1 << 20));
-  app.add_option("--steps", o->steps, "Timed steps")->capture_default_str()
+  app.add_option("--steps", o->steps, "Timed steps")
+      ->capture_default_str()
       ->check(CLI::Range(1, 100000));
-  app.add_option("--warmup", o->warmup, "Untimed steps first")->capture_default_str()
+  app.add_option("--warmup", o->warmup, "Untimed steps first")
+      ->capture_default_str()
       ->check(CLI::Range(0, 100000));
   app.add_option("--threads", o->threads, "Compute threads (0: all this rank may use)")
       ->capture_default_str();
-  app.add_option("--optimizer", o->optimizer, "sgd, adamw or lars")->capture_default_str()
+  app.add_option("--optimizer", o->optimizer, "sgd, adamw or lars")
+      ->capture_default_str()
       ->check(CLI::IsMember({"sgd", "adamw", "lars"}));
   app.add_option("--json", o->json, "Write the figures as JSON");
   app.add_flag("!--no-profile", o->profile, "Skip the per-op time split");

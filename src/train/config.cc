@@ -1,9 +1,9 @@
 #include "cohort/train/config.h"
 
+#include <toml++/toml.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "cohort/core/error.h"
 
@@ -33,8 +33,8 @@ ConfigKey num(const char* name, const char* help, T TrainConfig::*field, T lo, T
   k.help = help;
   k.set = [=](TrainConfig& c, const std::string& v) {
     const T x = parse_number<T>(name, v);
-    COHORT_CHECK(x >= lo && x <= hi, "'" << name << "' must be in [" << lo << ", " << hi
-                                         << "], got " << v);
+    COHORT_CHECK(x >= lo && x <= hi,
+                 "'" << name << "' must be in [" << lo << ", " << hi << "], got " << v);
     c.*field = x;
   };
   k.get = [=](const TrainConfig& c) {
@@ -109,8 +109,8 @@ const std::vector<ConfigKey>& train_config_keys() {
           &C::lr_reference_batch, 1, 1 << 30),
       num("label-smoothing", "Cross-entropy label smoothing", &C::label_smoothing, 0.0f, 0.99f),
       num("image-size", "Input height and width in pixels", &C::image_size, 8, 16384),
-      num("crop-scale", "Smallest area fraction of the random-resized crop", &C::crop_scale,
-          0.01f, 1.0f),
+      num("crop-scale", "Smallest area fraction of the random-resized crop", &C::crop_scale, 0.01f,
+          1.0f),
       num("in-channels", "Input channels (0: as decoded)", &C::in_channels, 0, 4),
       num("num-classes", "Classes (0: from the labels)", &C::num_classes, 0, 1 << 20),
       flag("multilabel", "Multi-label findings (BCE with logits)", &C::multilabel),

@@ -74,9 +74,8 @@ Targets batch_targets(const data::Batch& b, bool multilabel, int classes) {
   t.multilabel = Tensor::zeros({b.size, classes});
   for (int i = 0; i < b.size; ++i)
     for (int l : b.label_sets[i]) {
-      COHORT_CHECK(l >= 0 && l < classes,
-                   "finding " << l << " of sample " << b.indices[i] << " outside [0, " << classes
-                              << ")");
+      COHORT_CHECK(l >= 0 && l < classes, "finding " << l << " of sample " << b.indices[i]
+                                                     << " outside [0, " << classes << ")");
       t.multilabel.data<float>()[i * classes + l] = 1.0f;
     }
   return t;
@@ -155,16 +154,19 @@ EvalResult evaluate(nn::Model& m, data::Pipeline& p, bool multilabel, int classe
   return r;
 }
 
-nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nullptr; }
+nlohmann::json finite_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nullptr;
+}
 
 }  // namespace
 
 TrainSummary run_training(const TrainConfig& c) {
   COHORT_CHECK(!c.data.empty(), "cohort train needs --data (or 'data' in the config file)");
   comm::JobEnv job = comm::detect_job_env();
-  COHORT_CHECK(job.world == 1, "cohort train runs on one rank until data-parallel training "
-                               "lands; this job has "
-                                   << job.world << " ranks");
+  COHORT_CHECK(job.world == 1,
+               "cohort train runs on one rank until data-parallel training "
+               "lands; this job has "
+                   << job.world << " ranks");
   if (c.threads > 0) tensor::set_threads(c.threads);
 
   auto source = data::open_source(c.data);
@@ -208,16 +210,18 @@ TrainSummary run_training(const TrainConfig& c) {
   sched.total_steps = total;
   sched.step_every = int64_t{c.step_epochs} * per_epoch;
 
-  std::printf("train: %s (%lld parameters, %d input channels, %d %s) on %s: %zu samples, "
-              "%lld steps/epoch, batch %d, %d compute threads, %d data workers\n",
-              c.model.c_str(), static_cast<long long>(model->num_parameters()), in_ch, classes,
-              c.multilabel ? "findings" : "classes", c.data.c_str(), source->size(),
-              static_cast<long long>(per_epoch), c.batch, tensor::threads(), c.workers);
+  std::printf(
+      "train: %s (%lld parameters, %d input channels, %d %s) on %s: %zu samples, "
+      "%lld steps/epoch, batch %d, %d compute threads, %d data workers\n",
+      c.model.c_str(), static_cast<long long>(model->num_parameters()), in_ch, classes,
+      c.multilabel ? "findings" : "classes", c.data.c_str(), source->size(),
+      static_cast<long long>(per_epoch), c.batch, tensor::threads(), c.workers);
   if (c.lr_scaling == "linear") {
-    std::printf("train: lr %g x global batch %lld / %d = %g (linear scaling rule), warmup %lld "
-                "steps, then %s\n",
-                c.lr, static_cast<long long>(global_batch), c.lr_reference_batch, lr,
-                static_cast<long long>(sched.warmup_steps), c.schedule.c_str());
+    std::printf(
+        "train: lr %g x global batch %lld / %d = %g (linear scaling rule), warmup %lld "
+        "steps, then %s\n",
+        c.lr, static_cast<long long>(global_batch), c.lr_reference_batch, lr,
+        static_cast<long long>(sched.warmup_steps), c.schedule.c_str());
   } else {
     std::printf("train: lr %g, warmup %lld steps, then %s\n", lr,
                 static_cast<long long>(sched.warmup_steps), c.schedule.c_str());
@@ -252,13 +256,12 @@ TrainSummary run_training(const TrainConfig& c) {
       const double data_s = seconds_since(t0);
       auto t1 = Clock::now();
       const float step_lr = sched.at(step);
-      const float loss = train_step(*model, *opt, batch_tensor(b),
-                                    batch_targets(b, c.multilabel, classes), step_lr,
-                                    c.label_smoothing);
+      const float loss =
+          train_step(*model, *opt, batch_tensor(b), batch_targets(b, c.multilabel, classes),
+                     step_lr, c.label_smoothing);
       const double compute_s = seconds_since(t1);
-      COHORT_CHECK(std::isfinite(loss), "loss is " << loss << " at step " << step
-                                                   << " (lr " << step_lr
-                                                   << "): training diverged");
+      COHORT_CHECK(std::isfinite(loss), "loss is " << loss << " at step " << step << " (lr "
+                                                   << step_lr << "): training diverged");
       ++step;
       ++epoch_steps;
       images += static_cast<uint64_t>(b.size);
@@ -279,12 +282,12 @@ TrainSummary run_training(const TrainConfig& c) {
         const double secs = seconds_since(t_window);
         const double ips = window_images / secs;
         const double eta = (total - step) * (seconds_since(t_run) / step);
-        std::printf("epoch %d/%d step %lld/%lld loss %.4f lr %.4g images/s %.1f compute %.0f ms "
-                    "data wait %.0f ms ETA %s\n",
-                    epoch + 1, c.epochs, static_cast<long long>(step),
-                    static_cast<long long>(total), window_loss / window_n, step_lr, ips,
-                    1e3 * window_compute / window_n, 1e3 * window_data / window_n,
-                    hms(eta).c_str());
+        std::printf(
+            "epoch %d/%d step %lld/%lld loss %.4f lr %.4g images/s %.1f compute %.0f ms "
+            "data wait %.0f ms ETA %s\n",
+            epoch + 1, c.epochs, static_cast<long long>(step), static_cast<long long>(total),
+            window_loss / window_n, step_lr, ips, 1e3 * window_compute / window_n,
+            1e3 * window_data / window_n, hms(eta).c_str());
         std::fflush(stdout);
         window_loss = window_data = window_compute = 0;
         window_n = 0;
@@ -300,8 +303,8 @@ TrainSummary run_training(const TrainConfig& c) {
       EvalResult r = evaluate(*model, *val_p, c.multilabel, classes);
       s.last_val = r;
       s.has_val = true;
-      std::printf("epoch %d/%d validation: %zu samples, loss %.4f", epoch + 1, c.epochs,
-                  r.samples, r.loss);
+      std::printf("epoch %d/%d validation: %zu samples, loss %.4f", epoch + 1, c.epochs, r.samples,
+                  r.loss);
       if (std::isfinite(r.accuracy)) std::printf(", accuracy %.4f", r.accuracy);
       if (std::isfinite(r.auc)) std::printf(", ROC AUC %.4f", r.auc);
       std::printf("\n");
@@ -316,10 +319,11 @@ TrainSummary run_training(const TrainConfig& c) {
   s.seconds = seconds_since(t_run);
   s.images_per_s = images / s.seconds;
   const data::PipelineStats ps = train_p.stats();
-  std::printf("train: %lld steps in %.1f s, %.1f images/s, final loss %.4f, peak RSS %.0f MB, "
-              "%llu unreadable samples skipped\n",
-              static_cast<long long>(s.steps), s.seconds, s.images_per_s, s.final_loss,
-              peak_rss_bytes() / 1e6, static_cast<unsigned long long>(ps.skipped));
+  std::printf(
+      "train: %lld steps in %.1f s, %.1f images/s, final loss %.4f, peak RSS %.0f MB, "
+      "%llu unreadable samples skipped\n",
+      static_cast<long long>(s.steps), s.seconds, s.images_per_s, s.final_loss,
+      peak_rss_bytes() / 1e6, static_cast<unsigned long long>(ps.skipped));
   log["summary"] = {{"steps", s.steps},
                     {"seconds", s.seconds},
                     {"images_per_s", s.images_per_s},
@@ -329,9 +333,10 @@ TrainSummary run_training(const TrainConfig& c) {
   if (!c.save.empty()) {
     std::filesystem::create_directories(c.save);
     const std::string path = c.save + "/model.safetensors";
-    nn::save_weights(*model, path, {{"classes", std::to_string(classes)},
-                                    {"in_channels", std::to_string(in_ch)},
-                                    {"steps", std::to_string(step)}});
+    nn::save_weights(*model, path,
+                     {{"classes", std::to_string(classes)},
+                      {"in_channels", std::to_string(in_ch)},
+                      {"steps", std::to_string(step)}});
     std::printf("train: weights saved to %s\n", path.c_str());
   }
   if (!c.json.empty()) {
@@ -347,8 +352,8 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   if (o.threads > 0) tensor::set_threads(o.threads);
   COHORT_CHECK(o.steps > 0 && o.warmup >= 0 && o.batch > 0,
                "bench train: steps " << o.steps << ", warmup " << o.warmup);
-  auto model = nn::make_model(o.model, nn::ModelOptions{o.in_channels, o.num_classes,
-                                                        o.image_size, 0});
+  auto model =
+      nn::make_model(o.model, nn::ModelOptions{o.in_channels, o.num_classes, o.image_size, 0});
   nn::OptimOptions oo;
   oo.kind = o.optimizer;
   auto opt = nn::make_optimizer(*model, oo);
@@ -358,10 +363,11 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   Targets t;
   for (int i = 0; i < o.batch; ++i) t.classes.push_back((i * 7919) % o.num_classes);
 
-  std::printf("# cohort bench train: %s, batch %d, %dx%dx%d, %d threads, %s, %d steps after %d "
-              "warmup\n",
-              o.model.c_str(), o.batch, o.in_channels, o.image_size, o.image_size,
-              tensor::threads(), o.optimizer.c_str(), o.steps, o.warmup);
+  std::printf(
+      "# cohort bench train: %s, batch %d, %dx%dx%d, %d threads, %s, %d steps after %d "
+      "warmup\n",
+      o.model.c_str(), o.batch, o.in_channels, o.image_size, o.image_size, tensor::threads(),
+      o.optimizer.c_str(), o.steps, o.warmup);
   for (int i = 0; i < o.warmup; ++i) train_step(*model, *opt, x, t, 0.01f, 0.0f);
   nn::profile::reset();
   nn::profile::enable(o.profile);
@@ -385,10 +391,11 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.ms_optimizer = 1e3 * times.optimizer / o.steps;
   r.peak_rss = peak_rss_bytes();
   r.threads = tensor::threads();
-  std::printf("ms/step %.1f (min %.1f)  images/s %.2f  forward %.1f  backward %.1f  optimizer "
-              "%.1f ms  peak RSS %.0f MB\n",
-              r.ms_per_step, r.ms_min, r.images_per_s, r.ms_forward, r.ms_backward,
-              r.ms_optimizer, r.peak_rss / 1e6);
+  std::printf(
+      "ms/step %.1f (min %.1f)  images/s %.2f  forward %.1f  backward %.1f  optimizer "
+      "%.1f ms  peak RSS %.0f MB\n",
+      r.ms_per_step, r.ms_min, r.images_per_s, r.ms_forward, r.ms_backward, r.ms_optimizer,
+      r.peak_rss / 1e6);
   nlohmann::json split = nlohmann::json::array();
   if (o.profile) {
     std::printf("%-14s %10s %7s %8s\n", "op", "ms/step", "share", "calls");

@@ -21,7 +21,7 @@ struct TrainConfig {
   bool nesterov = false;
   std::string schedule = "cosine";  // cosine | step | constant
   float warmup_epochs = 0;
-  int step_epochs = 30;  // step schedule: x0.1 every this many epochs
+  int step_epochs = 30;             // step schedule: x0.1 every this many epochs
   std::string lr_scaling = "none";  // none | linear (Goyal et al., reference batch 256)
   int lr_reference_batch = 256;
   float label_smoothing = 0;
