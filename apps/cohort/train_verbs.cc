@@ -74,6 +74,12 @@ Run add_bench_train(CLI::App& app) {
       ->check(CLI::IsMember({"sgd", "adamw", "lars"}));
   app.add_option("--json", o->json, "Write the figures as JSON");
   app.add_flag("!--no-profile", o->profile, "Skip the per-op time split");
+  app.add_option("--bucket-mb", o->ddp.bucket_mb, "DDP bucket size in MiB")->capture_default_str();
+  app.add_option("--first-bucket-mb", o->ddp.first_bucket_mb, "DDP first bucket in MiB")
+      ->capture_default_str();
+  app.add_option("--grad-compression", o->ddp.compression, "none, bf16 or f16 on the wire")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "bf16", "f16"}));
   return [o]() -> int {
     train::bench_train(*o);
     return 0;

@@ -288,6 +288,7 @@ Var BatchNorm2d::forward(const Var& x_in) {
   profile::Scope prof("bn.fwd");
   Tensor x = as_channels_last(x_in, "BatchNorm2d", c_);
   const bool train = training_;
+  if (train && cross_rank_sum_) return forward_synced(x_in, x);
   auto& slot = plans_[{x.shape(), train}];
   if (!slot) {
     auto p = std::make_unique<Plan>();
@@ -372,6 +373,110 @@ Var BatchNorm2d::forward(const Var& x_in) {
       tape->param_done(*w_);
       tape->param_done(*b_);
       if (x_in->requires_grad) accumulate(*x_in, std::move(dx));
+    });
+  }
+  return out;
+}
+
+// Batch statistics of the global batch: every rank contributes its sums, so the result is what
+// one BatchNorm over all ranks' samples computes.
+Var BatchNorm2d::forward_synced(const Var& x_in, const Tensor& x) {
+  const int64_t c = c_, pixels = x.numel() / c_;
+  const float* xp = x.data<float>();
+  std::vector<double> buf(2 * c + 1, 0.0);
+  double* s = buf.data();
+  double* ss = buf.data() + c;
+#pragma omp parallel for reduction(+ : s[:c], ss[:c])
+  for (int64_t p = 0; p < pixels; ++p) {
+    const float* row = xp + p * c;
+    for (int64_t k = 0; k < c; ++k) {
+      s[k] += row[k];
+      ss[k] += static_cast<double>(row[k]) * row[k];
+    }
+  }
+  buf[2 * c] = static_cast<double>(pixels);
+  cross_rank_sum_(buf.data(), buf.size());
+  const double count = buf[2 * c];
+  Tensor mean = Tensor::empty({c}), invstd = Tensor::empty({c});
+  float* mp = mean.data<float>();
+  float* ip = invstd.data<float>();
+  float* rm = mean_->value.data<float>();
+  float* rv = var_->value.data<float>();
+  for (int64_t k = 0; k < c; ++k) {
+    const double m = s[k] / count;
+    const double v = std::max(0.0, ss[k] / count - m * m);
+    mp[k] = static_cast<float>(m);
+    ip[k] = static_cast<float>(1.0 / std::sqrt(v + eps_));
+    rm[k] = (1 - momentum_) * rm[k] + momentum_ * static_cast<float>(m);
+    rv[k] = (1 - momentum_) * rv[k] +
+            momentum_ * static_cast<float>(count > 1 ? v * count / (count - 1) : v);
+  }
+  tracked_->value.data<int64_t>()[0] += 1;
+  Tensor y = Tensor::empty(x.shape(), DType::f32, Order::channels_last);
+  float* yp = y.data<float>();
+  const float* g = w_->value.data<float>();
+  const float* b = b_->value.data<float>();
+  const bool relu = relu_;
+#pragma omp parallel for
+  for (int64_t p = 0; p < pixels; ++p) {
+    const float* row = xp + p * c;
+    float* out = yp + p * c;
+    for (int64_t k = 0; k < c; ++k) {
+      const float v = (row[k] - mp[k]) * ip[k] * g[k] + b[k];
+      out[k] = relu && v < 0 ? 0.0f : v;
+    }
+  }
+  Var out = constant(y);
+  if (Tape* tape = Tape::current()) {
+    tape->use(*w_);
+    tape->use(*b_);
+    tape->push(out, [this, tape, x_in, out, x, mean, invstd, count, pixels]() {
+      profile::Scope prof("syncbn.bwd");
+      const int64_t c = c_;
+      Tensor dy = grad_channels_last(out);
+      const float* gp = dy.data<float>();
+      const float* yp = out->value.data<float>();
+      const float* xp = x.data<float>();
+      const float* mp = mean.data<float>();
+      const float* ip = invstd.data<float>();
+      const bool relu = relu_;
+      std::vector<double> sums(2 * c, 0.0);
+      double* sdy = sums.data();
+      double* sdyx = sums.data() + c;
+#pragma omp parallel for reduction(+ : sdy[:c], sdyx[:c])
+      for (int64_t p = 0; p < pixels; ++p) {
+        for (int64_t k = 0; k < c; ++k) {
+          const int64_t i = p * c + k;
+          const float d = relu && yp[i] <= 0 ? 0.0f : gp[i];
+          sdy[k] += d;
+          sdyx[k] += static_cast<double>(d) * (xp[i] - mp[k]) * ip[k];
+        }
+      }
+      // The parameters' gradients are this rank's share; DDP averages them like any other.
+      float* dg = w_->grad.data<float>();
+      float* db = b_->grad.data<float>();
+      for (int64_t k = 0; k < c; ++k) {
+        dg[k] += static_cast<float>(sdyx[k]);
+        db[k] += static_cast<float>(sdy[k]);
+      }
+      tape->param_done(*w_);
+      tape->param_done(*b_);
+      if (!x_in->requires_grad) return;
+      cross_rank_sum_(sums.data(), sums.size());
+      Tensor dx = Tensor::empty(x.shape(), DType::f32, Order::channels_last);
+      float* dp = dx.data<float>();
+      const float* g = w_->value.data<float>();
+#pragma omp parallel for
+      for (int64_t p = 0; p < pixels; ++p) {
+        for (int64_t k = 0; k < c; ++k) {
+          const int64_t i = p * c + k;
+          const float d = relu && yp[i] <= 0 ? 0.0f : gp[i];
+          const float xhat = (xp[i] - mp[k]) * ip[k];
+          dp[i] = g[k] * ip[k] *
+                  (d - static_cast<float>(sdy[k] / count) - xhat * static_cast<float>(sdyx[k] / count));
+        }
+      }
+      accumulate(*x_in, std::move(dx));
     });
   }
   return out;

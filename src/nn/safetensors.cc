@@ -43,7 +43,8 @@ bool parse_st_dtype(const std::string& s, DType* t) {
 }  // namespace
 
 void write_file_atomically(const std::string& path,
-                           const std::vector<std::pair<const void*, size_t>>& parts) {
+                           const std::vector<std::pair<const void*, size_t>>& parts,
+                           const VerifyFile& verify) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) COHORT_THROW("cannot create " << tmp << ": " << errno_string(errno));
@@ -72,6 +73,14 @@ void write_file_atomically(const std::string& path,
     ::unlink(tmp.c_str());
     COHORT_THROW("closing " << tmp << ": " << errno_string(errno));
   }
+  if (verify) {
+    try {
+      verify(tmp);
+    } catch (...) {
+      ::unlink(tmp.c_str());
+      throw;
+    }
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
@@ -89,7 +98,8 @@ void write_file_atomically(const std::string& path,
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata,
+                      const VerifyFile& verify) {
   nlohmann::json header = nlohmann::json::object();
   std::vector<Tensor> dense;
   size_t offset = 0;
@@ -109,7 +119,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
   std::vector<std::pair<const void*, size_t>> parts{{len, 8}, {text.data(), text.size()}};
   for (const Tensor& t : dense) parts.emplace_back(t.raw(), t.bytes());
-  write_file_atomically(path, parts);
+  write_file_atomically(path, parts, verify);
 }
 
 SafeTensors load_safetensors(const std::string& path) {

@@ -121,6 +121,22 @@ const std::vector<ConfigKey>& train_config_keys() {
           int64_t{1} << 40),
       num("seed", "Seed of weights, sampling and augmentation", &C::seed, uint64_t{0},
           ~uint64_t{0}),
+      num("accum-steps", "Micro-batches per optimiser step (only the last communicates)",
+          &C::accum_steps, 1, 1 << 20),
+      num("bucket-mb", "DDP bucket size in MiB", &C::bucket_mb, 0.01f, 1e5f),
+      num("first-bucket-mb", "DDP first bucket size in MiB (starts communication early)",
+          &C::first_bucket_mb, 0.01f, 1e5f),
+      str("grad-compression", "Gradient buckets on the wire: none, bf16 or f16",
+          &C::grad_compression, {"none", "bf16", "f16"}),
+      flag("sync-bn", "SyncBatchNorm: batch statistics over all ranks", &C::sync_bn),
+      num("clip-grad-norm", "Clip gradients to this global norm (0: off)", &C::clip_grad_norm,
+          0.0f, 1e9f),
+      num("checkpoint-every", "Write a checkpoint every N steps (0: at the end only)",
+          &C::checkpoint_every, int64_t{0}, int64_t{1} << 40),
+      str("checkpoint-dir", "Folder for checkpoint.safetensors", &C::checkpoint_dir),
+      str("resume", "Continue exactly from the checkpoint in this folder", &C::resume),
+      str("baseline-json", "A 1-rank run's --json: report scaling efficiency against it",
+          &C::baseline_json),
   };
   return keys;
 }

@@ -11,6 +11,8 @@
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
 #include "cohort/data/pipeline.h"
+#include "cohort/dist/checkpoint.h"
+#include "cohort/dist/ddp.h"
 #include "cohort/nn/init.h"
 #include "cohort/nn/layers.h"
 #include "cohort/nn/safetensors.h"
@@ -21,25 +23,32 @@ namespace cohort::train {
 using nn::Var;
 using tensor::Order;
 
-float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Targets& t, float lr,
-                 float label_smoothing, StepTimes* times) {
+float forward_backward(nn::Model& m, const Tensor& x, const Targets& t, float label_smoothing,
+                       float loss_scale, dist::Ddp* ddp, bool sync, StepTimes* times) {
   auto t0 = Clock::now();
-  m.zero_grad();
   nn::Tape tape;
-  float loss_value = 0;
-  {
-    nn::Tape::Recording rec(tape);
-    Var logits = m.forward(nn::constant(x));
-    Var loss = t.multilabel.defined() ? nn::bce_with_logits(logits, t.multilabel)
-                                      : nn::cross_entropy(logits, t.classes, label_smoothing);
-    loss_value = loss->value.data<float>()[0];
-    auto t1 = Clock::now();
-    tape.backward(loss);
-    auto t2 = Clock::now();
-    if (times) {
-      times->forward += std::chrono::duration<double>(t1 - t0).count();
-      times->backward += std::chrono::duration<double>(t2 - t1).count();
-    }
+  nn::Tape::Recording rec(tape);
+  Var logits = m.forward(nn::constant(x));
+  Var loss = t.multilabel.defined() ? nn::bce_with_logits(logits, t.multilabel)
+                                    : nn::cross_entropy(logits, t.classes, label_smoothing);
+  const float value = loss->value.data<float>()[0];
+  auto t1 = Clock::now();
+  if (ddp) ddp->prepare(tape, sync);
+  tape.backward(loss, loss_scale);
+  if (times) {
+    times->forward += std::chrono::duration<double>(t1 - t0).count();
+    times->backward += seconds_since(t1);
+  }
+  return value;
+}
+
+float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Targets& t, float lr,
+                 float label_smoothing, StepTimes* times, dist::Ddp* ddp) {
+  m.zero_grad();
+  const float loss = forward_backward(m, x, t, label_smoothing, 1.0f, ddp, true, times);
+  if (ddp) {
+    const double w = ddp->finish();
+    if (times) times->comm_wait += w;
   }
   auto t3 = Clock::now();
   {
@@ -47,7 +56,7 @@ float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Target
     opt.step(lr);
   }
   if (times) times->optimizer += seconds_since(t3);
-  return loss_value;
+  return loss;
 }
 
 namespace {
@@ -163,10 +172,14 @@ nlohmann::json finite_or_null(double v) {
 TrainSummary run_training(const TrainConfig& c) {
   COHORT_CHECK(!c.data.empty(), "cohort train needs --data (or 'data' in the config file)");
   comm::JobEnv job = comm::detect_job_env();
-  COHORT_CHECK(job.world == 1,
-               "cohort train runs on one rank until data-parallel training "
-               "lands; this job has "
-                   << job.world << " ranks");
+  std::shared_ptr<comm::Communicator> world;
+  if (job.world > 1) world = comm::init();
+  const bool lead = job.rank == 0;
+  auto say = [&](const char* fmt, auto... args) {
+    if (!lead) return;
+    std::printf(fmt, args...);
+    std::fflush(stdout);
+  };
   if (c.threads > 0) tensor::set_threads(c.threads);
 
   auto source = data::open_source(c.data);
@@ -180,7 +193,7 @@ TrainSummary run_training(const TrainConfig& c) {
   }
   data::Pipeline train_p(source, pipeline_options(c, true, job.world, job.rank));
   std::unique_ptr<data::Pipeline> val_p;
-  if (!c.val.empty()) {
+  if (!c.val.empty() && lead) {
     val_p = std::make_unique<data::Pipeline>(data::open_source(c.val),
                                              pipeline_options(c, false, 1, 0));
   }
@@ -196,153 +209,278 @@ TrainSummary run_training(const TrainConfig& c) {
   oo.weight_decay = c.weight_decay;
   auto opt = nn::make_optimizer(*model, oo);
 
-  const int64_t global_batch = int64_t{c.batch} * job.world;
+  const int64_t per_epoch = static_cast<int64_t>(train_p.batches_per_epoch()) / c.accum_steps;
+  COHORT_CHECK(per_epoch > 0, c.data << ": " << train_p.batches_per_epoch()
+                                     << " batches per rank per epoch, fewer than accum-steps "
+                                     << c.accum_steps);
+  std::unique_ptr<dist::Ddp> ddp;
+  if (world) {
+    // Every rank must see the same number of steps, or the ones with more would wait forever
+    // in an allreduce: compare before the first step (the sampler pads, so only different data
+    // or options per rank get here).
+    int64_t mine[2] = {per_epoch, -per_epoch}, all[2];
+    world->allreduce(mine, all, 2, comm::DataType::i64, comm::RedOp::min).wait();
+    COHORT_CHECK(all[0] == per_epoch && -all[1] == per_epoch,
+                 "ranks disagree on the steps per epoch: rank "
+                     << job.rank << " has " << per_epoch << ", another has "
+                     << (all[0] != per_epoch ? all[0] : -all[1])
+                     << " (same --data, --batch and --accum-steps on every rank?)");
+    dist::DdpOptions d;
+    d.bucket_mb = c.bucket_mb;
+    d.first_bucket_mb = c.first_bucket_mb;
+    d.compression = c.grad_compression;
+    ddp = std::make_unique<dist::Ddp>(*model, world, d);
+    ddp->broadcast_from_rank0();
+    if (c.sync_bn) dist::sync_batch_norm(*model, world);
+  }
+
+  const int64_t global_batch = int64_t{c.batch} * job.world * c.accum_steps;
   const float lr = c.lr_scaling == "linear"
                        ? nn::linear_scaled_lr(c.lr, global_batch, c.lr_reference_batch)
                        : c.lr;
-  const int64_t per_epoch = static_cast<int64_t>(train_p.batches_per_epoch());
   int64_t total = per_epoch * c.epochs;
   if (c.max_steps > 0) total = std::min(total, c.max_steps);
   nn::LrSchedule sched;
   sched.lr = lr;
   sched.kind = c.schedule;
   sched.warmup_steps = static_cast<int64_t>(std::llround(c.warmup_epochs * per_epoch));
-  sched.total_steps = total;
+  sched.total_steps = per_epoch * c.epochs;
   sched.step_every = int64_t{c.step_epochs} * per_epoch;
 
-  std::printf(
-      "train: %s (%lld parameters, %d input channels, %d %s) on %s: %zu samples, "
-      "%lld steps/epoch, batch %d, %d compute threads, %d data workers\n",
+  dist::RunPosition pos;
+  pos.seed = c.seed;
+  pos.world = job.world;
+  if (!c.resume.empty()) {
+    pos = dist::load_checkpoint(c.resume, *model, *opt);
+    COHORT_CHECK(pos.seed == c.seed, c.resume << ": checkpoint seed " << pos.seed
+                                              << ", this run's " << c.seed);
+    COHORT_CHECK(pos.position % static_cast<uint64_t>(c.batch * job.world * c.accum_steps) == 0,
+                 c.resume << ": position " << pos.position
+                          << " is not a whole number of global batches of "
+                          << c.batch * job.world * c.accum_steps);
+    say("train: resumed from %s at step %lld (epoch %lld, sample %llu)\n", c.resume.c_str(),
+        static_cast<long long>(pos.step), static_cast<long long>(pos.epoch),
+        static_cast<unsigned long long>(pos.position));
+  }
+  const std::string ckpt_dir = c.checkpoint_dir;
+
+  say("train: %s (%lld parameters, %d input channels, %d %s) on %s: %zu samples, %d rank(s), "
+      "%lld steps/epoch, batch %d x %d ranks x %d accumulation = %lld, %d compute threads, %d "
+      "data workers\n",
       c.model.c_str(), static_cast<long long>(model->num_parameters()), in_ch, classes,
-      c.multilabel ? "findings" : "classes", c.data.c_str(), source->size(),
-      static_cast<long long>(per_epoch), c.batch, tensor::threads(), c.workers);
+      c.multilabel ? "findings" : "classes", c.data.c_str(), source->size(), job.world,
+      static_cast<long long>(per_epoch), c.batch, job.world, c.accum_steps,
+      static_cast<long long>(global_batch), tensor::threads(), c.workers);
+  if (ddp) {
+    say("train: DDP over %s; %zu buckets (first %.2g MiB, then %.3g MiB), wire %s%s\n",
+        world->describe().c_str(), ddp->buckets().size(), c.first_bucket_mb, c.bucket_mb,
+        c.grad_compression == "none" ? "f32" : c.grad_compression.c_str(),
+        c.sync_bn ? ", SyncBatchNorm" : "");
+  }
   if (c.lr_scaling == "linear") {
-    std::printf(
-        "train: lr %g x global batch %lld / %d = %g (linear scaling rule), warmup %lld "
-        "steps, then %s\n",
+    say("train: lr %g x global batch %lld / %d = %g (linear scaling rule), warmup %lld steps, "
+        "then %s\n",
         c.lr, static_cast<long long>(global_batch), c.lr_reference_batch, lr,
         static_cast<long long>(sched.warmup_steps), c.schedule.c_str());
   } else {
-    std::printf("train: lr %g, warmup %lld steps, then %s\n", lr,
-                static_cast<long long>(sched.warmup_steps), c.schedule.c_str());
+    say("train: lr %g, warmup %lld steps, then %s\n", lr,
+        static_cast<long long>(sched.warmup_steps), c.schedule.c_str());
   }
-  std::fflush(stdout);
 
   nlohmann::json log = nlohmann::json::object();
   nlohmann::json cfg = nlohmann::json::object();
   for (const ConfigKey& k : train_config_keys()) cfg[k.name] = k.get(c);
   log["config"] = cfg;
+  log["world"] = job.world;
+  log["global_batch"] = global_batch;
   log["lr_effective"] = lr;
   log["parameters"] = model->num_parameters();
   log["steps"] = nlohmann::json::array();
   log["epochs"] = nlohmann::json::array();
 
+  auto write_checkpoint = [&](const dist::RunPosition& at) {
+    if (!lead || ckpt_dir.empty()) return;
+    auto t0 = Clock::now();
+    dist::save_checkpoint(ckpt_dir, *model, *opt, at);
+    say("train: checkpoint at step %lld written to %s (%.2f s)\n",
+        static_cast<long long>(at.step), dist::checkpoint_path(ckpt_dir).c_str(),
+        seconds_since(t0));
+  };
+
   TrainSummary s;
+  s.first_step = pos.step;
   auto t_run = Clock::now();
-  int64_t step = 0;
+  int64_t step = pos.step;
   uint64_t images = 0;
-  double window_loss = 0, window_data = 0, window_compute = 0;
+  double sum_compute = 0, sum_comm = 0, sum_data = 0;
+  double window_loss = 0, window_data = 0, window_compute = 0, window_comm = 0;
   int window_n = 0;
   uint64_t window_images = 0;
   auto t_window = Clock::now();
-  for (int epoch = 0; epoch < c.epochs && step < total; ++epoch) {
-    train_p.start_epoch(static_cast<uint64_t>(epoch));
+  const uint64_t samples_per_step = static_cast<uint64_t>(global_batch);
+  for (int64_t epoch = pos.epoch; epoch < c.epochs && step < total; ++epoch) {
+    const uint64_t from = epoch == pos.epoch ? pos.position : 0;
+    train_p.start_epoch(static_cast<uint64_t>(epoch), from);
     double epoch_loss = 0;
     int64_t epoch_steps = 0;
+    int64_t in_epoch = static_cast<int64_t>(from / samples_per_step);
     data::Batch b;
-    while (step < total) {
-      auto t0 = Clock::now();
-      if (!train_p.next(&b)) break;
-      const double data_s = seconds_since(t0);
-      auto t1 = Clock::now();
+    while (step < total && in_epoch < per_epoch) {
+      double data_s = 0, comm_s = 0;
+      auto t_step = Clock::now();
+      model->zero_grad();
+      float loss = 0;
+      int step_images = 0;
+      for (int k = 0; k < c.accum_steps; ++k) {
+        auto t0 = Clock::now();
+        COHORT_CHECK(train_p.next(&b), "rank " << job.rank << " ran out of data at step " << step
+                                               << " of epoch " << epoch);
+        data_s += seconds_since(t0);
+        loss += forward_backward(*model, batch_tensor(b), batch_targets(b, c.multilabel, classes),
+                                 c.label_smoothing, 1.0f / static_cast<float>(c.accum_steps),
+                                 ddp.get(), k == c.accum_steps - 1, nullptr) /
+                static_cast<float>(c.accum_steps);
+        step_images += b.size;
+      }
+      if (ddp) comm_s = ddp->finish();
+      if (c.clip_grad_norm > 0) {
+        const double norm = std::sqrt(tensor::sum_squares(model->flat_grads()));
+        if (norm > c.clip_grad_norm) {
+          tensor::scale_(model->flat_grads(), static_cast<float>(c.clip_grad_norm / norm));
+        }
+      }
       const float step_lr = sched.at(step);
-      const float loss =
-          train_step(*model, *opt, batch_tensor(b), batch_targets(b, c.multilabel, classes),
-                     step_lr, c.label_smoothing);
-      const double compute_s = seconds_since(t1);
+      opt->step(step_lr);
+      const double compute_s = seconds_since(t_step) - data_s - comm_s;
       COHORT_CHECK(std::isfinite(loss), "loss is " << loss << " at step " << step << " (lr "
                                                    << step_lr << "): training diverged");
       ++step;
       ++epoch_steps;
-      images += static_cast<uint64_t>(b.size);
+      ++in_epoch;
+      images += static_cast<uint64_t>(step_images) * job.world;
+      s.losses.push_back(loss);
       epoch_loss += loss;
+      sum_compute += compute_s;
+      sum_comm += comm_s;
+      sum_data += data_s;
       window_loss += loss;
       window_data += data_s;
       window_compute += compute_s;
-      window_images += static_cast<uint64_t>(b.size);
+      window_comm += comm_s;
+      window_images += static_cast<uint64_t>(step_images) * job.world;
       ++window_n;
+      const double step_s = compute_s + comm_s + data_s;
       log["steps"].push_back({{"step", step},
                               {"epoch", epoch},
                               {"loss", loss},
                               {"lr", step_lr},
                               {"compute_s", compute_s},
+                              {"comm_wait_s", comm_s},
                               {"data_wait_s", data_s},
-                              {"images_per_s", b.size / (compute_s + data_s)}});
+                              {"images_per_s", step_images * job.world / step_s}});
       if (step % c.log_every == 0 || step == total) {
         const double secs = seconds_since(t_window);
-        const double ips = window_images / secs;
-        const double eta = (total - step) * (seconds_since(t_run) / step);
-        std::printf(
-            "epoch %d/%d step %lld/%lld loss %.4f lr %.4g images/s %.1f compute %.0f ms "
-            "data wait %.0f ms ETA %s\n",
-            epoch + 1, c.epochs, static_cast<long long>(step), static_cast<long long>(total),
-            window_loss / window_n, step_lr, ips, 1e3 * window_compute / window_n,
+        const double eta = (total - step) * (seconds_since(t_run) / (step - s.first_step));
+        say("epoch %lld/%d step %lld/%lld loss %.4f lr %.4g images/s %.1f compute %.0f ms "
+            "comm wait %.0f ms data wait %.0f ms ETA %s\n",
+            static_cast<long long>(epoch + 1), c.epochs, static_cast<long long>(step),
+            static_cast<long long>(total), window_loss / window_n, step_lr,
+            window_images / secs, 1e3 * window_compute / window_n, 1e3 * window_comm / window_n,
             1e3 * window_data / window_n, hms(eta).c_str());
-        std::fflush(stdout);
-        window_loss = window_data = window_compute = 0;
+        window_loss = window_data = window_compute = window_comm = 0;
         window_n = 0;
         window_images = 0;
         t_window = Clock::now();
       }
       s.final_loss = loss;
+      if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0 && step < total) {
+        dist::RunPosition at = pos;
+        at.step = step;
+        at.epoch = in_epoch == per_epoch ? epoch + 1 : epoch;
+        at.position = in_epoch == per_epoch ? 0 : static_cast<uint64_t>(in_epoch) * samples_per_step;
+        write_checkpoint(at);
+      }
     }
     nlohmann::json ej = {{"epoch", epoch},
                          {"train_loss", epoch_steps ? epoch_loss / epoch_steps : 0.0},
                          {"steps", epoch_steps}};
-    if (val_p) {
+    if (val_p && in_epoch == per_epoch) {
       EvalResult r = evaluate(*model, *val_p, c.multilabel, classes);
       s.last_val = r;
       s.has_val = true;
-      std::printf("epoch %d/%d validation: %zu samples, loss %.4f", epoch + 1, c.epochs, r.samples,
-                  r.loss);
-      if (std::isfinite(r.accuracy)) std::printf(", accuracy %.4f", r.accuracy);
-      if (std::isfinite(r.auc)) std::printf(", ROC AUC %.4f", r.auc);
-      std::printf("\n");
-      std::fflush(stdout);
+      say("epoch %lld/%d validation: %zu samples, loss %.4f", static_cast<long long>(epoch + 1),
+          c.epochs, r.samples, r.loss);
+      if (std::isfinite(r.accuracy)) say(", accuracy %.4f", r.accuracy);
+      if (std::isfinite(r.auc)) say(", ROC AUC %.4f", r.auc);
+      say("\n");
       ej["val_loss"] = r.loss;
       ej["val_accuracy"] = finite_or_null(r.accuracy);
       ej["val_auc"] = finite_or_null(r.auc);
     }
     log["epochs"].push_back(ej);
   }
+  if (world) world->barrier().wait();  // every rank's last step is done before the summary
   s.steps = step;
   s.seconds = seconds_since(t_run);
+  const int64_t ran = step - s.first_step;
   s.images_per_s = images / s.seconds;
   const data::PipelineStats ps = train_p.stats();
-  std::printf(
-      "train: %lld steps in %.1f s, %.1f images/s, final loss %.4f, peak RSS %.0f MB, "
-      "%llu unreadable samples skipped\n",
-      static_cast<long long>(s.steps), s.seconds, s.images_per_s, s.final_loss,
+  say("train: %lld steps in %.1f s, %.1f images/s (all ranks), final loss %.4f, peak RSS %.0f "
+      "MB, %llu unreadable samples skipped\n",
+      static_cast<long long>(ran), s.seconds, s.images_per_s, s.final_loss,
       peak_rss_bytes() / 1e6, static_cast<unsigned long long>(ps.skipped));
-  log["summary"] = {{"steps", s.steps},
-                    {"seconds", s.seconds},
-                    {"images_per_s", s.images_per_s},
-                    {"final_loss", s.final_loss},
-                    {"peak_rss_bytes", peak_rss_bytes()},
-                    {"skipped_samples", ps.skipped}};
-  if (!c.save.empty()) {
+  if (ran > 0) {
+    say("train: per step: compute %.1f ms, exposed communication %.1f ms, data wait %.1f ms\n",
+        1e3 * sum_compute / ran, 1e3 * sum_comm / ran, 1e3 * sum_data / ran);
+  }
+  nlohmann::json summary = {{"steps", ran},
+                            {"seconds", s.seconds},
+                            {"images_per_s", s.images_per_s},
+                            {"final_loss", s.final_loss},
+                            {"compute_ms", ran ? 1e3 * sum_compute / ran : 0.0},
+                            {"comm_wait_ms", ran ? 1e3 * sum_comm / ran : 0.0},
+                            {"data_wait_ms", ran ? 1e3 * sum_data / ran : 0.0},
+                            {"peak_rss_bytes", peak_rss_bytes()},
+                            {"skipped_samples", ps.skipped}};
+  if (!c.baseline_json.empty() && lead) {
+    std::ifstream in(c.baseline_json);
+    COHORT_CHECK(in, "cannot read --baseline-json " << c.baseline_json);
+    nlohmann::json base;
+    try {
+      base = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      COHORT_THROW("--baseline-json " << c.baseline_json << " is not JSON: " << e.what());
+    }
+    COHORT_CHECK(base.contains("summary") && base["summary"].contains("images_per_s"),
+                 c.baseline_json << " is not a cohort train --json log");
+    const double b1 = base["summary"]["images_per_s"].get<double>();
+    const int bw = base.value("world", 1);
+    const double eff = s.images_per_s / (b1 / bw * job.world);
+    say("train: scaling efficiency %.3f against %s (%.1f images/s on %d rank(s))\n", eff,
+        c.baseline_json.c_str(), b1, bw);
+    summary["scaling_efficiency"] = eff;
+  }
+  log["summary"] = summary;
+  if (lead) {
+    dist::RunPosition end = pos;
+    end.step = step;
+    end.epoch = step % per_epoch == 0 ? step / per_epoch : step / per_epoch;
+    end.position = static_cast<uint64_t>(step % per_epoch) * samples_per_step;
+    write_checkpoint(end);
+  }
+  if (!c.save.empty() && lead) {
     std::filesystem::create_directories(c.save);
     const std::string path = c.save + "/model.safetensors";
-    nn::save_weights(*model, path,
-                     {{"classes", std::to_string(classes)},
-                      {"in_channels", std::to_string(in_ch)},
-                      {"steps", std::to_string(step)}});
-    std::printf("train: weights saved to %s\n", path.c_str());
+    nn::save_weights(*model, path, {{"classes", std::to_string(classes)},
+                                    {"in_channels", std::to_string(in_ch)},
+                                    {"steps", std::to_string(step)}});
+    say("train: weights saved to %s\n", path.c_str());
   }
-  if (!c.json.empty()) {
+  if (!c.json.empty() && lead) {
     std::string text = log.dump(1) + "\n";
     nn::write_file_atomically(c.json, {{text.data(), text.size()}});
   }
+  if (world) world->barrier().wait();
   return s;
 }
 
@@ -352,50 +490,78 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   if (o.threads > 0) tensor::set_threads(o.threads);
   COHORT_CHECK(o.steps > 0 && o.warmup >= 0 && o.batch > 0,
                "bench train: steps " << o.steps << ", warmup " << o.warmup);
-  auto model =
-      nn::make_model(o.model, nn::ModelOptions{o.in_channels, o.num_classes, o.image_size, 0});
+  comm::JobEnv job = comm::detect_job_env();
+  std::shared_ptr<comm::Communicator> world;
+  if (job.world > 1) world = comm::init();
+  const bool lead = job.rank == 0;
+  auto model = nn::make_model(o.model, nn::ModelOptions{o.in_channels, o.num_classes,
+                                                        o.image_size, 0});
   nn::OptimOptions oo;
   oo.kind = o.optimizer;
   auto opt = nn::make_optimizer(*model, oo);
+  std::unique_ptr<dist::Ddp> ddp;
+  if (world) {
+    ddp = std::make_unique<dist::Ddp>(*model, world, o.ddp);
+    ddp->broadcast_from_rank0();
+  }
   Tensor x = Tensor::empty({o.batch, o.in_channels, o.image_size, o.image_size});
-  nn::init::normal(x, 0.0, 1.0, 17);
+  nn::init::normal(x, 0.0, 1.0, 17 + static_cast<uint64_t>(job.rank));
   x = x.channels_last();
   Targets t;
-  for (int i = 0; i < o.batch; ++i) t.classes.push_back((i * 7919) % o.num_classes);
+  for (int i = 0; i < o.batch; ++i) t.classes.push_back((i * 7919 + job.rank) % o.num_classes);
 
-  std::printf(
-      "# cohort bench train: %s, batch %d, %dx%dx%d, %d threads, %s, %d steps after %d "
-      "warmup\n",
-      o.model.c_str(), o.batch, o.in_channels, o.image_size, o.image_size, tensor::threads(),
-      o.optimizer.c_str(), o.steps, o.warmup);
-  for (int i = 0; i < o.warmup; ++i) train_step(*model, *opt, x, t, 0.01f, 0.0f);
+  if (lead) {
+    std::printf("# cohort bench train: %s, batch %d per rank, %dx%dx%d, %d rank(s), %d threads "
+                "per rank, %s, %d steps after %d warmup\n",
+                o.model.c_str(), o.batch, o.in_channels, o.image_size, o.image_size, job.world,
+                tensor::threads(), o.optimizer.c_str(), o.steps, o.warmup);
+    if (ddp) {
+      std::printf("# DDP: %zu buckets (first %.2g MiB, then %.3g MiB), wire %s, %s\n",
+                  ddp->buckets().size(), o.ddp.first_bucket_mb, o.ddp.bucket_mb,
+                  o.ddp.compression.c_str(), world->describe().c_str());
+    }
+  }
+  for (int i = 0; i < o.warmup; ++i) train_step(*model, *opt, x, t, 0.01f, 0.0f, nullptr, ddp.get());
+  if (world) world->barrier().wait();
   nn::profile::reset();
   nn::profile::enable(o.profile);
   StepTimes times;
   std::vector<double> ms;
   for (int i = 0; i < o.steps; ++i) {
     auto t0 = Clock::now();
-    const float loss = train_step(*model, *opt, x, t, 0.01f, 0.0f, &times);
+    const float loss = train_step(*model, *opt, x, t, 0.01f, 0.0f, &times, ddp.get());
     ms.push_back(1e3 * seconds_since(t0));
     COHORT_CHECK(std::isfinite(loss), "bench train: loss " << loss << " at step " << i);
   }
   nn::profile::enable(false);
   BenchTrainResult r;
+  r.world = job.world;
   double sum = 0;
   for (double v : ms) sum += v;
   r.ms_per_step = sum / o.steps;
   r.ms_min = *std::min_element(ms.begin(), ms.end());
-  r.images_per_s = 1e3 * o.batch / r.ms_per_step;
+  std::vector<double> per_rank(static_cast<size_t>(job.world), r.ms_per_step);
+  if (world) {
+    world->allgather(&r.ms_per_step, per_rank.data(), 1, comm::DataType::f64).wait();
+  }
+  const double slowest = *std::max_element(per_rank.begin(), per_rank.end());
+  r.images_per_s = 1e3 * o.batch * job.world / slowest;
   r.ms_forward = 1e3 * times.forward / o.steps;
   r.ms_backward = 1e3 * times.backward / o.steps;
   r.ms_optimizer = 1e3 * times.optimizer / o.steps;
+  r.ms_comm_wait = 1e3 * times.comm_wait / o.steps;
   r.peak_rss = peak_rss_bytes();
   r.threads = tensor::threads();
-  std::printf(
-      "ms/step %.1f (min %.1f)  images/s %.2f  forward %.1f  backward %.1f  optimizer "
-      "%.1f ms  peak RSS %.0f MB\n",
-      r.ms_per_step, r.ms_min, r.images_per_s, r.ms_forward, r.ms_backward, r.ms_optimizer,
-      r.peak_rss / 1e6);
+  if (!lead) return r;
+  std::printf("ms/step %.1f (min %.1f)  images/s %.2f%s  forward %.1f  backward %.1f  exposed "
+              "comm %.1f  optimizer %.1f ms  peak RSS %.0f MB\n",
+              r.ms_per_step, r.ms_min, r.images_per_s, job.world > 1 ? " (all ranks)" : "",
+              r.ms_forward, r.ms_backward, r.ms_comm_wait, r.ms_optimizer, r.peak_rss / 1e6);
+  if (job.world > 1) {
+    std::printf("ms/step per rank:");
+    for (double v : per_rank) std::printf(" %.1f", v);
+    std::printf("\n");
+  }
   nlohmann::json split = nlohmann::json::array();
   if (o.profile) {
     std::printf("%-14s %10s %7s %8s\n", "op", "ms/step", "share", "calls");
@@ -412,14 +578,17 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
                         {"image_size", o.image_size},
                         {"in_channels", o.in_channels},
                         {"threads", r.threads},
+                        {"world", r.world},
                         {"steps", o.steps},
                         {"warmup", o.warmup},
                         {"ms_per_step", r.ms_per_step},
+                        {"ms_per_step_per_rank", per_rank},
                         {"ms_min", r.ms_min},
                         {"ms_each", ms},
                         {"images_per_s", r.images_per_s},
                         {"ms_forward", r.ms_forward},
                         {"ms_backward", r.ms_backward},
+                        {"ms_comm_wait", r.ms_comm_wait},
                         {"ms_optimizer", r.ms_optimizer},
                         {"peak_rss_bytes", r.peak_rss},
                         {"split", split}};

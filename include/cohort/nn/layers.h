@@ -3,6 +3,7 @@
 // caches its oneDNN primitives per input shape. 4-d activations are channels-last.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,8 +49,17 @@ class BatchNorm2d : public Module {
   Buffer& running_var() { return *var_; }
   int channels() const { return c_; }
 
+  // Sums a vector of doubles across ranks in place (an allreduce), or nothing. When set, batch
+  // statistics in training are the whole global batch's (SyncBatchNorm): one reduction of
+  // (sum, sum of squares, count) forward and one of (sum dy, sum dy * xhat) backward.
+  using CrossRankSum = std::function<void(double*, size_t)>;
+  void set_cross_rank_sum(CrossRankSum f) { cross_rank_sum_ = std::move(f); }
+  bool synced() const { return static_cast<bool>(cross_rank_sum_); }
+
  private:
   struct Plan;
+  Var forward_synced(const Var& x_in, const Tensor& x);
+  CrossRankSum cross_rank_sum_;
   int c_;
   bool relu_;
   float eps_, momentum_;

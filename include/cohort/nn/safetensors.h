@@ -4,6 +4,7 @@
 // crash mid-write leaves the previous file intact.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -15,8 +16,12 @@ namespace cohort::nn {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// verify, when given, reads the complete temporary file before it replaces `path` and throws
+// if it is wrong; the previous file then stays.
+using VerifyFile = std::function<void(const std::string& tmp_path)>;
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      const VerifyFile& verify = nullptr);
 
 struct SafeTensors {
   std::map<std::string, Tensor> tensors;
@@ -34,6 +39,7 @@ void load_weights(Model& m, const std::string& path);
 
 // Writes bytes to path through a temporary file, fsync and rename (also used by checkpoints).
 void write_file_atomically(const std::string& path,
-                           const std::vector<std::pair<const void*, size_t>>& parts);
+                           const std::vector<std::pair<const void*, size_t>>& parts,
+                           const VerifyFile& verify = nullptr);
 
 }  // namespace cohort::nn

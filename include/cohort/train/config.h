@@ -35,6 +35,14 @@ struct TrainConfig {
   int log_every = 10;
   int64_t max_steps = 0;  // stop early (0: run every epoch)
   uint64_t seed = 0;
+  // Data parallel (under cohort launch, torchrun, mpirun or srun).
+  int accum_steps = 1;  // micro-batches per optimiser step; only the last communicates
+  float bucket_mb = 25, first_bucket_mb = 1;
+  std::string grad_compression = "none";  // none | bf16 | f16 on the wire
+  bool sync_bn = false;
+  float clip_grad_norm = 0;  // 0: off
+  int64_t checkpoint_every = 0;  // steps; 0: only at the end when checkpoint-dir is set
+  std::string checkpoint_dir, resume, baseline_json;
 };
 
 struct ConfigKey {

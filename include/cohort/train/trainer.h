@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/dist/ddp.h"
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
 #include "cohort/train/config.h"
@@ -21,12 +22,18 @@ struct Targets {
 };
 
 struct StepTimes {
-  double forward = 0, backward = 0, optimizer = 0;
+  double forward = 0, backward = 0, optimizer = 0, comm_wait = 0;
 };
 
-// One optimisation step; returns the batch's loss.
+// Forward and backward of one micro-batch, adding its gradients (of loss x loss_scale) into
+// the model's flat gradient buffer; `ddp`, when given, is armed on the tape first (sync: this
+// micro-batch's gradients are communicated). Returns the batch's loss.
+float forward_backward(nn::Model& m, const Tensor& x, const Targets& t, float label_smoothing,
+                       float loss_scale, dist::Ddp* ddp, bool sync, StepTimes* times);
+
+// One optimisation step on one batch: zero, forward, backward, (DDP finish), optimiser.
 float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Targets& t, float lr,
-                 float label_smoothing, StepTimes* times = nullptr);
+                 float label_smoothing, StepTimes* times = nullptr, dist::Ddp* ddp = nullptr);
 
 struct EvalResult {
   double loss = 0, accuracy = 0, auc = 0;  // auc: binary or mean over findings; NaN if undefined
@@ -35,6 +42,8 @@ struct EvalResult {
 
 struct TrainSummary {
   int64_t steps = 0;
+  int64_t first_step = 0;  // > 0 when resumed
+  std::vector<float> losses;  // every step's loss (rank 0's batch)
   double final_loss = 0;
   double images_per_s = 0;
   double seconds = 0;
@@ -50,12 +59,14 @@ struct BenchTrainOptions {
   int steps = 10, warmup = 3, threads = 0;
   std::string optimizer = "sgd";
   std::string json;
-  bool profile = true;  // time every kind of op and report the split
+  bool profile = true;
+  dist::DdpOptions ddp;  // under a launcher with several ranks  // time every kind of op and report the split
 };
 
 struct BenchTrainResult {
-  double ms_per_step = 0, ms_min = 0, images_per_s = 0;
-  double ms_forward = 0, ms_backward = 0, ms_optimizer = 0;
+  double ms_per_step = 0, ms_min = 0, images_per_s = 0;  // images/s: global, all ranks
+  double ms_forward = 0, ms_backward = 0, ms_optimizer = 0, ms_comm_wait = 0;
+  int world = 1;
   size_t peak_rss = 0;
   int threads = 0;
 };

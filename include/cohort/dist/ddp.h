@@ -1,0 +1,76 @@
+// Data-parallel training (PyTorch DDP's design on Cohort's collectives). Parameters are grouped
+// into buckets in reverse registration order (the order backward finishes them): the first
+// bucket small so that communication starts early, the rest larger so that each allreduce is
+// bandwidth-bound. A bucket is a contiguous range of the model's flat gradient buffer, so the
+// gradients are already in place: nothing is copied in or out. When the tape reports a
+// bucket's last gradient final, its allreduce (average over ranks) starts asynchronously while
+// backward goes on; finish() waits for the rest, which is the exposed communication.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/communicator.h"
+#include "cohort/nn/model.h"
+
+namespace cohort::dist {
+
+struct DdpOptions {
+  double first_bucket_mb = 1.0;
+  double bucket_mb = 25.0;
+  std::string compression = "none";  // none | bf16 | f16: the wire type of the buckets
+};
+
+struct Bucket {
+  size_t begin = 0, end = 0;  // element range of the flat gradient buffer
+  std::vector<int> params;    // indices, in the order backward finishes them
+  int pending = 0;
+  bool launched = false;
+  comm::Work work;
+  nn::Tensor wire;  // bf16/f16 copy on the wire when compressing
+  double launched_at = 0;  // seconds since the step's backward began
+};
+
+class Ddp {
+ public:
+  Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o = {});
+
+  // Every rank takes rank 0's parameters and buffers.
+  void broadcast_from_rank0();
+  // Arms the hooks on this step's tape. With sync = false (all but the last micro-batch of an
+  // accumulation), gradients only accumulate locally, as PyTorch's no_sync().
+  void prepare(nn::Tape& tape, bool sync);
+  // Waits for every bucket (launching any a rank's graph never finished) and leaves the
+  // averaged gradients in the flat buffer. Returns the seconds spent waiting.
+  double finish();
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Seconds from prepare() to the first bucket's launch and to the end of backward (when
+  // finish() was called), for the overlap test and the report.
+  double first_launch_s() const { return buckets_.empty() ? 0 : buckets_.front().launched_at; }
+  double backward_end_s() const { return backward_end_s_; }
+  comm::Communicator& communicator() { return *comm_; }
+
+ private:
+  void on_ready(nn::Param& p);
+  void launch(Bucket& b);
+  double since_prepare() const;
+
+  nn::Model& m_;
+  std::shared_ptr<comm::Communicator> comm_;
+  DdpOptions o_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_;  // param index -> bucket
+  size_t next_launch_ = 0;
+  bool sync_ = true;
+  int64_t prepared_at_us_ = 0;
+  double backward_end_s_ = 0;
+};
+
+// SyncBatchNorm: every BatchNorm2d of the model takes its batch statistics over all ranks, on
+// a communicator of its own (split from c) so that its small reductions never queue behind
+// DDP's buckets.
+void sync_batch_norm(nn::Model& m, const std::shared_ptr<comm::Communicator>& c);
+
+}  // namespace cohort::dist

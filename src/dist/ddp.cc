@@ -1,0 +1,130 @@
+#include "cohort/dist/ddp.h"
+
+#include "cohort/comm/types.h"
+#include "cohort/core/clock.h"
+#include "cohort/nn/layers.h"
+
+namespace cohort::dist {
+
+Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
+    : m_(m), comm_(std::move(c)), o_(std::move(o)) {
+  COHORT_CHECK(o_.compression == "none" || o_.compression == "bf16" || o_.compression == "f16",
+               "grad compression '" << o_.compression << "' (known: none, bf16, f16)");
+  COHORT_CHECK(o_.first_bucket_mb > 0 && o_.bucket_mb > 0,
+               "bucket sizes " << o_.first_bucket_mb << " and " << o_.bucket_mb << " MB");
+  const auto& params = m_.params();
+  bucket_of_.assign(params.size(), -1);
+  // Reverse registration order; a bucket closes once it holds at least its cap.
+  Bucket cur;
+  double cap = o_.first_bucket_mb * (1 << 20);
+  size_t bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    const nn::Param* p = params[i];
+    const size_t n = static_cast<size_t>(p->value.numel());
+    if (cur.params.empty()) cur.end = p->offset + ((n + 15) & ~size_t{15});
+    cur.begin = p->offset;
+    cur.params.push_back(static_cast<int>(i));
+    bucket_of_[i] = static_cast<int>(buckets_.size());
+    bytes += n * sizeof(float);
+    if (static_cast<double>(bytes) >= cap || i == 0) {
+      buckets_.push_back(cur);
+      cur = Bucket();
+      bytes = 0;
+      cap = o_.bucket_mb * (1 << 20);
+    }
+  }
+  if (o_.compression != "none") {
+    for (Bucket& b : buckets_) {
+      b.wire = nn::Tensor::empty({static_cast<int64_t>(b.end - b.begin)},
+                                 o_.compression == "bf16" ? tensor::DType::bf16
+                                                          : tensor::DType::f16);
+    }
+  }
+}
+
+void Ddp::broadcast_from_rank0() {
+  nn::Tensor& v = m_.flat_values();
+  comm_->broadcast(v.raw(), v.raw(), static_cast<size_t>(v.numel()), comm::DataType::f32, 0)
+      .wait();
+  for (nn::Buffer* b : m_.buffers()) {
+    const comm::DataType t =
+        b->value.dtype() == tensor::DType::i64 ? comm::DataType::i64 : comm::DataType::f32;
+    comm_->broadcast(b->value.raw(), b->value.raw(), static_cast<size_t>(b->value.numel()), t, 0)
+        .wait();
+  }
+}
+
+double Ddp::since_prepare() const { return static_cast<double>(now_us() - prepared_at_us_) / 1e6; }
+
+void Ddp::prepare(nn::Tape& tape, bool sync) {
+  sync_ = sync;
+  next_launch_ = 0;
+  prepared_at_us_ = now_us();
+  backward_end_s_ = 0;
+  for (Bucket& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.launched = false;
+    b.work = comm::Work();
+    b.launched_at = 0;
+  }
+  if (sync) tape.on_grad_ready([this](nn::Param& p) { on_ready(p); });
+}
+
+void Ddp::on_ready(nn::Param& p) {
+  Bucket& b = buckets_[static_cast<size_t>(bucket_of_[static_cast<size_t>(p.index)])];
+  COHORT_CHECK(b.pending > 0, "parameter " << p.name << " reported ready twice in one step");
+  --b.pending;
+  // Buckets go out in index order on every rank, so that all ranks issue the same sequence.
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    launch(buckets_[next_launch_++]);
+  }
+}
+
+void Ddp::launch(Bucket& b) {
+  float* g = m_.flat_grads().data<float>() + b.begin;
+  const size_t n = b.end - b.begin;
+  b.launched_at = since_prepare();
+  b.launched = true;
+  if (o_.compression == "none") {
+    b.work = comm_->allreduce(g, g, n, comm::DataType::f32, comm::RedOp::avg);
+    return;
+  }
+  uint16_t* w = b.wire.data<uint16_t>();
+  const bool bf = o_.compression == "bf16";
+  for (size_t i = 0; i < n; ++i) w[i] = bf ? comm::f32_to_bf16(g[i]) : comm::f32_to_f16(g[i]);
+  b.work = comm_->allreduce(w, w, n, bf ? comm::DataType::bf16 : comm::DataType::f16,
+                            comm::RedOp::avg);
+}
+
+double Ddp::finish() {
+  backward_end_s_ = since_prepare();
+  if (!sync_) return 0;
+  auto t0 = Clock::now();
+  while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
+  const bool bf = o_.compression == "bf16";
+  for (Bucket& b : buckets_) {
+    b.work.wait();
+    if (o_.compression != "none") {
+      float* g = m_.flat_grads().data<float>() + b.begin;
+      const uint16_t* w = b.wire.data<uint16_t>();
+      for (size_t i = 0; i < b.end - b.begin; ++i)
+        g[i] = bf ? comm::bf16_to_f32(w[i]) : comm::f16_to_f32(w[i]);
+    }
+  }
+  return seconds_since(t0);
+}
+
+void sync_batch_norm(nn::Model& m, const std::shared_ptr<comm::Communicator>& c) {
+  std::shared_ptr<comm::Communicator> own = c->split(0, c->rank());
+  std::vector<std::pair<std::string, nn::Module*>> mods;
+  m.root().modules("", &mods);
+  for (auto& [name, mod] : mods) {
+    if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) {
+      bn->set_cross_rank_sum([own](double* v, size_t n) {
+        own->allreduce(v, v, n, comm::DataType::f64, comm::RedOp::sum).wait();
+      });
+    }
+  }
+}
+
+}  // namespace cohort::dist

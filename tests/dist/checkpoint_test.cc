@@ -1,0 +1,193 @@
+// Checkpoints: an interrupted run resumed from its checkpoint continues the same loss curve; a
+// writer killed half-way through leaves the previous checkpoint loadable; a damaged file is
+// refused; a rank killed during training fails the job with its name.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "cohort/data/scans.h"
+#include "cohort/dist/checkpoint.h"
+#include "cohort/train/trainer.h"
+
+namespace cohort::dist {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  TempDir() {
+    path = fs::temp_directory_path() / ("cohort-ckpt-" + std::to_string(::getpid()));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  fs::path path;
+};
+
+train::TrainConfig small_run(const TempDir& dir) {
+  data::ScanSetOptions s;
+  s.count = 96;
+  s.width = 24;
+  s.seed = 3;
+  s.out = dir.file("scans");
+  if (!fs::exists(s.out)) data::make_scans(s);
+  train::TrainConfig c;
+  c.model = "smallcnn";
+  c.data = s.out;
+  c.epochs = 3;
+  c.batch = 16;
+  c.image_size = 24;
+  c.lr = 0.05f;
+  c.warmup_epochs = 0.5f;
+  c.log_every = 100;
+  c.workers = 2;
+  return c;
+}
+
+TEST(Checkpoint, ResumedRunContinuesTheSameLossCurve) {
+  TempDir dir;
+  train::TrainConfig c = small_run(dir);
+  const train::TrainSummary full = train::run_training(c);
+  ASSERT_EQ(full.losses.size(), 18u);  // 6 steps per epoch
+  // The same run, stopped after step 8 (inside epoch 2) with a checkpoint every 4 steps...
+  train::TrainConfig first = c;
+  first.max_steps = 8;
+  first.checkpoint_every = 4;
+  first.checkpoint_dir = dir.file("ckpt");
+  train::run_training(first);
+  // ... and resumed to the end.
+  train::TrainConfig rest = c;
+  rest.resume = dir.file("ckpt");
+  const train::TrainSummary resumed = train::run_training(rest);
+  EXPECT_EQ(resumed.first_step, 8);
+  ASSERT_EQ(resumed.losses.size(), 10u);
+  for (size_t i = 0; i < resumed.losses.size(); ++i)
+    EXPECT_NEAR(resumed.losses[i], full.losses[8 + i], 1e-5f * std::max(1.0f, full.losses[8 + i]))
+        << "step " << 8 + i;
+}
+
+TEST(Checkpoint, WriterKilledHalfWayLeavesThePreviousOneLoadable) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // A large model, so that each write takes a while; write until killed (bounded: 200).
+    auto m = nn::make_model("resnet50", nn::ModelOptions{});
+    auto opt = nn::make_optimizer(*m, nn::OptimOptions{});
+    for (int i = 1; i <= 200; ++i) {
+      RunPosition p;
+      p.step = i;
+      save_checkpoint(ckpt, *m, *opt, p);
+      std::ofstream(dir.file("written")) << i;
+    }
+    ::_exit(0);
+  }
+  // Kill it after its first checkpoint, in the middle of a later one.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(dir.file("written")) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the writer finished 200 checkpoints before the kill";
+  int written = 0;
+  std::ifstream(dir.file("written")) >> written;
+  ASSERT_GE(written, 1);
+  auto m = nn::make_model("resnet50", nn::ModelOptions{});
+  auto opt = nn::make_optimizer(*m, nn::OptimOptions{});
+  const RunPosition p = load_checkpoint(ckpt, *m, *opt);
+  // The file holds the last complete checkpoint: the one reported, or the one just after it
+  // if the kill came between its rename and the report.
+  EXPECT_TRUE(p.step == written || p.step == written + 1) << p.step << " vs " << written;
+}
+
+TEST(Checkpoint, DamagedOrForeignFilesAreRefused) {
+  TempDir dir;
+  auto m = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 16, 0});
+  auto opt = nn::make_optimizer(*m, nn::OptimOptions{});
+  save_checkpoint(dir.file("c"), *m, *opt, RunPosition{});
+  {
+    // Flip one byte in the data section.
+    std::fstream f(checkpoint_path(dir.file("c")), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-10, std::ios::end);
+    char b;
+    f.read(&b, 1);
+    f.seekp(-10, std::ios::end);
+    b = static_cast<char>(b ^ 0x40);
+    f.write(&b, 1);
+  }
+  try {
+    load_checkpoint(dir.file("c"), *m, *opt);
+    ADD_FAILURE() << "a damaged checkpoint loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CRC-32C"), std::string::npos) << e.what();
+  }
+  save_checkpoint(dir.file("d"), *m, *opt, RunPosition{});
+  auto other = nn::make_model("resnet18", nn::ModelOptions{});
+  auto other_opt = nn::make_optimizer(*other, nn::OptimOptions{});
+  try {
+    load_checkpoint(dir.file("d"), *other, *other_opt);
+    ADD_FAILURE() << "a smallcnn checkpoint loaded into resnet18";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a smallcnn"), std::string::npos) << e.what();
+  }
+}
+
+// Under cohort launch: kill one training rank; the launcher stops the job, exits non-zero
+// within seconds and names the rank.
+TEST(Launch, RankKilledDuringTrainingFailsTheJob) {
+  const char* bin = std::getenv("COHORT_BIN");
+  ASSERT_NE(bin, nullptr);
+  TempDir dir;
+  train::TrainConfig c = small_run(dir);
+  const std::string log = dir.file("launch.txt");
+  const std::string cmd = std::string("timeout 120 ") + bin +
+                          " launch --nproc-per-node 2 --grace 2 -- " + bin +
+                          " train --model smallcnn --data " + c.data +
+                          " --epochs 1000 --batch 8 --image-size 24 --log-every 1 > " + log +
+                          " 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread killer([&]() {
+    // Once training runs, kill the rank whose RANK is 1.
+    for (int i = 0; i < 600; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::ifstream in(log);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (text.find("step 3/") == std::string::npos) continue;
+      for (const auto& e : fs::directory_iterator("/proc")) {
+        std::ifstream cmdline(e.path() / "cmdline");
+        std::string argv((std::istreambuf_iterator<char>(cmdline)),
+                         std::istreambuf_iterator<char>());
+        if (argv.find(c.data) == std::string::npos) continue;
+        std::ifstream env(e.path() / "environ");
+        const std::string vars = std::string(1, '\0') +
+                                 std::string((std::istreambuf_iterator<char>(env)),
+                                             std::istreambuf_iterator<char>());
+        if (vars.find(std::string("\0RANK=1\0", 8)) == std::string::npos) continue;
+        ::kill(std::stoi(e.path().filename()), SIGKILL);
+        return;
+      }
+    }
+  });
+  const int rc = std::system(cmd.c_str());
+  killer.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(rc, 0) << text;
+  EXPECT_NE(text.find("rank 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("SIGKILL"), std::string::npos) << text;
+  EXPECT_LT(secs, 60) << text;
+}
+
+}  // namespace
+}  // namespace cohort::dist

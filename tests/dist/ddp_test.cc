@@ -1,0 +1,160 @@
+// Data-parallel training over real rank processes: N ranks with batch B end with the parameters
+// of 1 rank with batch N x B (SyncBatchNorm, so batch statistics match too), with accumulation
+// and with buckets that split the model finely; the first bucket goes out before backward ends;
+// compressed buckets stay close.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "cohort/dist/ddp.h"
+#include "cohort/nn/init.h"
+#include "cohort/nn/model.h"
+#include "cohort/train/trainer.h"
+#include "testing/ranks.h"
+
+namespace cohort::dist {
+namespace {
+
+using testing::run_ranks;
+using testing::RunOptions;
+using train::Targets;
+
+RunOptions timeout(double seconds) {
+  RunOptions o;
+  o.timeout_s = seconds;
+  return o;
+}
+
+constexpr int kGlobal = 8;  // samples per global micro-batch
+
+// The fixed data: sample i of global micro-batch k.
+tensor::Tensor samples(int k, int first, int count) {
+  tensor::Tensor all = tensor::Tensor::empty({kGlobal, 1, 16, 16});
+  nn::init::normal(all, 0.0, 1.0, 1000 + static_cast<uint64_t>(k));
+  tensor::Tensor part = tensor::Tensor::empty({count, 1, 16, 16});
+  std::memcpy(part.raw(), all.data<float>() + first * 256, static_cast<size_t>(count) * 256 * 4);
+  return part.channels_last();
+}
+
+Targets labels(int first, int count) {
+  Targets t;
+  for (int i = first; i < first + count; ++i) t.classes.push_back(i % 3);
+  return t;
+}
+
+// `steps` optimiser steps of `accum` micro-batches; this process holds `count` samples of each
+// global micro-batch starting at `first`.
+void train(nn::Model& m, nn::Optimizer& opt, Ddp* ddp, int steps, int accum, int first,
+           int count) {
+  for (int s = 0; s < steps; ++s) {
+    m.zero_grad();
+    for (int k = 0; k < accum; ++k) {
+      const int micro = s * accum + k;
+      // Each micro-batch's loss is a mean over its samples; 1/accum makes the sum the mean.
+      train::forward_backward(m, samples(micro, first, count), labels(first, count), 0.0f,
+                              1.0f / static_cast<float>(accum), ddp, k == accum - 1, nullptr);
+    }
+    if (ddp) ddp->finish();
+    opt.step(0.05f);
+  }
+}
+
+double max_rel_diff(const tensor::Tensor& a, const tensor::Tensor& b) {
+  double worst = 0;
+  const float* p = a.data<float>();
+  const float* q = b.data<float>();
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    worst = std::max(worst, std::abs(p[i] - q[i]) / std::max(1e-2, std::abs(double{q[i]})));
+  }
+  return worst;
+}
+
+void equivalence(int world, int accum, DdpOptions o, double tol) {
+  const int per_rank = kGlobal / world;
+  auto rs = run_ranks(
+      world,
+      [&](int rank) {
+        auto c = comm::init();
+        auto m = nn::make_model("smallcnn", nn::ModelOptions{1, 3, 16, 4});
+        nn::OptimOptions oo;
+        oo.momentum = 0.9f;
+        auto opt = nn::make_optimizer(*m, oo);
+        // Rank 1 starts from other weights: the broadcast must make them rank 0's.
+        if (rank == 1) m->reset_parameters(77);
+        Ddp ddp(*m, c, o);
+        ddp.broadcast_from_rank0();
+        sync_batch_norm(*m, c);
+        train(*m, *opt, &ddp, 3, accum, rank * per_rank, per_rank);
+        if (rank != 0) return;
+        // One process, the whole global batch, plain BatchNorm.
+        auto ref = nn::make_model("smallcnn", nn::ModelOptions{1, 3, 16, 4});
+        auto ref_opt = nn::make_optimizer(*ref, oo);
+        train(*ref, *ref_opt, nullptr, 3, accum, 0, kGlobal);
+        const double d = max_rel_diff(m->flat_values(), ref->flat_values());
+        REQUIRE(d < tol, "world " << world << " accum " << accum << ": parameters differ from "
+                                  << "the 1-rank run by " << d << " (relative)");
+        const double bn = max_rel_diff(m->find_buffer("features.1.running_var")->value,
+                                       ref->find_buffer("features.1.running_var")->value);
+        REQUIRE(bn < tol, "running_var differs by " << bn);
+      },
+      timeout(120));
+  testing::expect_all_ok(rs);
+}
+
+TEST(Ddp, TwoRanksEqualOneRankWithTheWholeBatch) { equivalence(2, 1, DdpOptions{}, 2e-4); }
+
+TEST(Ddp, FourRanksWithAccumulationAndBucketsThatSplitTheModel) {
+  DdpOptions o;
+  o.first_bucket_mb = 0.001;
+  o.bucket_mb = 0.01;  // a few parameters per bucket
+  equivalence(4, 2, o, 2e-4);
+}
+
+TEST(Ddp, Bf16CompressedBucketsStayClose) {
+  DdpOptions o;
+  o.compression = "bf16";
+  equivalence(2, 1, o, 3e-2);
+}
+
+TEST(Ddp, BucketsCoverEveryParameterInReverseOrder) {
+  auto m = nn::make_model("resnet18", nn::ModelOptions{});
+  // A communicator of one rank is enough to lay out buckets.
+  auto rs = run_ranks(1, [&](int) {
+    Ddp ddp(*m, comm::init(), DdpOptions{});
+    const auto& b = ddp.buckets();
+    REQUIRE(b.size() >= 2, "resnet18 in " << b.size() << " buckets");
+    // The first holds fc (registered last) and is about 1 MiB or one parameter.
+    REQUIRE(b[0].params.front() == static_cast<int>(m->params().size()) - 1, "first bucket");
+    REQUIRE(b.back().begin == 0, "the last bucket ends at the first parameter");
+    for (size_t i = 1; i < b.size(); ++i)
+      REQUIRE(b[i].end == b[i - 1].begin, "buckets " << i - 1 << " and " << i << " not adjacent");
+    REQUIRE(b[0].end == static_cast<size_t>(m->flat_grads().numel()), "first bucket end");
+  });
+  testing::expect_all_ok(rs);
+}
+
+TEST(Ddp, FirstBucketGoesOutBeforeBackwardEnds) {
+  auto rs = run_ranks(2, [](int rank) {
+    auto c = comm::init();
+    auto m = nn::make_model("resnet18", nn::ModelOptions{3, 10, 64, 1});
+    auto opt = nn::make_optimizer(*m, nn::OptimOptions{});
+    Ddp ddp(*m, c, DdpOptions{});
+    ddp.broadcast_from_rank0();
+    tensor::Tensor x = tensor::Tensor::empty({4, 3, 64, 64});
+    nn::init::normal(x, 0, 1, 5 + static_cast<uint64_t>(rank));
+    Targets t;
+    t.classes = {1, 2, 3, 4};
+    train::train_step(*m, *opt, x.channels_last(), t, 0.01f, 0.0f, nullptr, &ddp);
+    const double first = ddp.first_launch_s(), end = ddp.backward_end_s();
+    REQUIRE(first > 0 && first < 0.5 * end,
+            "first bucket launched at " << first << " s, backward ended at " << end << " s");
+    for (size_t i = 1; i < ddp.buckets().size(); ++i)
+      REQUIRE(ddp.buckets()[i].launched_at >= ddp.buckets()[i - 1].launched_at,
+              "bucket " << i << " launched before bucket " << i - 1);
+  });
+  testing::expect_all_ok(rs);
+}
+
+}  // namespace
+}  // namespace cohort::dist
