@@ -69,6 +69,7 @@ def worker(rank, world, port, a):
                           "comm_wait_ms": sum(stats["comm"]) / len(stats["comm"]),
                           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                           "torch": torch.__version__}), flush=True)
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -73,6 +73,9 @@ Run add_bench_train(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"sgd", "adamw", "lars"}));
   app.add_option("--json", o->json, "Write the figures as JSON");
+  app.add_option("--precision", o->precision, "Convolution and Linear compute: f32, bf16, f16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_flag("!--no-profile", o->profile, "Skip the per-op time split");
   app.add_option("--bucket-mb", o->ddp.bucket_mb, "DDP bucket size in MiB")->capture_default_str();
   app.add_option("--first-bucket-mb", o->ddp.first_bucket_mb, "DDP first bucket in MiB")

@@ -705,7 +705,9 @@ void NativeComm::mismatch(int peer, const wire::MsgHeader& h) {
                                                                       << CollDesc::of(h).str());
 }
 
-static const unsigned kSpin = static_cast<unsigned>(env::int_or("COHORT_SPIN", 2000));
+// At least one poll, so that the idle clock below always starts.
+static const unsigned kSpin =
+    static_cast<unsigned>(std::max<int64_t>(1, env::int_or("COHORT_SPIN", 2000)));
 constexpr unsigned kFlushAfter = 200;
 
 void NativeComm::exchange_n(const SendOp* sends, size_t ns, const RecvOp* recvs, size_t nr) {

@@ -200,9 +200,9 @@ void Pipeline::run_task(size_t t) {
     } else {
       info = probe(bytes, name);
     }
-    CropBox box = opt_.train ? random_resized_crop_box(info.width, info.height, rng,
-                                                      opt_.crop_scale_min)
-                             : resize_center_crop_box(info.width, info.height, opt_.resize, S);
+    CropBox box = opt_.train
+                      ? random_resized_crop_box(info.width, info.height, rng, opt_.crop_scale_min)
+                      : resize_center_crop_box(info.width, info.height, opt_.resize, S);
     int eighths = info.format == Format::jpeg
                       ? jpeg_scale_for(static_cast<int>(box.w), static_cast<int>(box.h), S)
                       : 8;

@@ -40,7 +40,9 @@ uint32_t file_data_crc(const std::string& path) {
 
 }  // namespace
 
-std::string checkpoint_path(const std::string& dir) { return dir + "/checkpoint.safetensors"; }
+std::string checkpoint_path(const std::string& dir) {
+  return dir + "/checkpoint.safetensors";
+}
 
 void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& opt,
                      const RunPosition& pos) {
@@ -64,9 +66,8 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
   const std::string path = checkpoint_path(dir);
   nn::save_safetensors(path, ts, meta, [&](const std::string& tmp) {
     const uint32_t got = file_data_crc(tmp);
-    COHORT_CHECK(got == crc, "checkpoint " << tmp << " reads back with CRC " << got
-                                           << ", wrote " << crc << "; " << path
-                                           << " is left as it was");
+    COHORT_CHECK(got == crc, "checkpoint " << tmp << " reads back with CRC " << got << ", wrote "
+                                           << crc << "; " << path << " is left as it was");
   });
 }
 
@@ -84,9 +85,9 @@ RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer&
   nn::NamedTensors ordered;
   for (auto& [name, t] : st.tensors) ordered.emplace_back(name, t);  // std::map: name order
   const uint32_t crc = crc_of(ordered);
-  COHORT_CHECK(std::to_string(crc) == meta("crc32c"),
-               path << ": CRC-32C " << crc << " does not match the recorded " << meta("crc32c")
-                    << " (damaged file)");
+  COHORT_CHECK(std::to_string(crc) == meta("crc32c"), path << ": CRC-32C " << crc
+                                                           << " does not match the recorded "
+                                                           << meta("crc32c") << " (damaged file)");
   auto take = [&](const std::string& name, nn::Tensor& dst) {
     auto it = st.tensors.find(name);
     COHORT_CHECK(it != st.tensors.end(), path << ": missing " << name);

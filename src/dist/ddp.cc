@@ -14,38 +14,50 @@ Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
                "bucket sizes " << o_.first_bucket_mb << " and " << o_.bucket_mb << " MB");
   const auto& params = m_.params();
   bucket_of_.assign(params.size(), -1);
-  // Reverse registration order; a bucket closes once it holds at least its cap.
-  Bucket cur;
-  double cap = o_.first_bucket_mb * (1 << 20);
-  size_t bytes = 0;
-  for (size_t i = params.size(); i-- > 0;) {
+  const double first_cap = o_.first_bucket_mb * (1 << 20);
+  // The parameters registered first finish last in backward, and whatever bucket holds them
+  // goes out when nothing is left to overlap it with: like the first bucket, it is kept small.
+  size_t tail_end = 0, tail_bytes = 0;  // parameters [0, tail_end) form the last bucket
+  while (tail_end < params.size() && static_cast<double>(tail_bytes) < first_cap) {
+    tail_bytes += static_cast<size_t>(params[tail_end++]->value.numel()) * sizeof(float);
+  }
+  if (tail_end == params.size()) tail_end = 0;  // a small model: the ordinary split below
+  auto range_of = [&](Bucket& b, size_t i) {
     const nn::Param* p = params[i];
     const size_t n = static_cast<size_t>(p->value.numel());
-    if (cur.params.empty()) cur.end = p->offset + ((n + 15) & ~size_t{15});
-    cur.begin = p->offset;
-    cur.params.push_back(static_cast<int>(i));
+    if (b.params.empty()) b.end = p->offset + ((n + 15) & ~size_t{15});
+    b.begin = p->offset;
+    b.params.push_back(static_cast<int>(i));
     bucket_of_[i] = static_cast<int>(buckets_.size());
-    bytes += n * sizeof(float);
-    if (static_cast<double>(bytes) >= cap || i == 0) {
+    return n * sizeof(float);
+  };
+  // Reverse registration order; a bucket closes once it holds at least its cap.
+  Bucket cur;
+  double cap = first_cap;
+  size_t bytes = 0;
+  for (size_t i = params.size(); i-- > tail_end;) {
+    bytes += range_of(cur, i);
+    if (static_cast<double>(bytes) >= cap || i == tail_end) {
       buckets_.push_back(cur);
       cur = Bucket();
       bytes = 0;
       cap = o_.bucket_mb * (1 << 20);
     }
   }
+  for (size_t i = tail_end; i-- > 0;) range_of(cur, i);
+  if (!cur.params.empty()) buckets_.push_back(cur);
   if (o_.compression != "none") {
     for (Bucket& b : buckets_) {
-      b.wire = nn::Tensor::empty({static_cast<int64_t>(b.end - b.begin)},
-                                 o_.compression == "bf16" ? tensor::DType::bf16
-                                                          : tensor::DType::f16);
+      b.wire =
+          nn::Tensor::empty({static_cast<int64_t>(b.end - b.begin)},
+                            o_.compression == "bf16" ? tensor::DType::bf16 : tensor::DType::f16);
     }
   }
 }
 
 void Ddp::broadcast_from_rank0() {
   nn::Tensor& v = m_.flat_values();
-  comm_->broadcast(v.raw(), v.raw(), static_cast<size_t>(v.numel()), comm::DataType::f32, 0)
-      .wait();
+  comm_->broadcast(v.raw(), v.raw(), static_cast<size_t>(v.numel()), comm::DataType::f32, 0).wait();
   for (nn::Buffer* b : m_.buffers()) {
     const comm::DataType t =
         b->value.dtype() == tensor::DType::i64 ? comm::DataType::i64 : comm::DataType::f32;
@@ -54,7 +66,9 @@ void Ddp::broadcast_from_rank0() {
   }
 }
 
-double Ddp::since_prepare() const { return static_cast<double>(now_us() - prepared_at_us_) / 1e6; }
+double Ddp::since_prepare() const {
+  return static_cast<double>(now_us() - prepared_at_us_) / 1e6;
+}
 
 void Ddp::prepare(nn::Tape& tape, bool sync) {
   sync_ = sync;
@@ -92,8 +106,8 @@ void Ddp::launch(Bucket& b) {
   uint16_t* w = b.wire.data<uint16_t>();
   const bool bf = o_.compression == "bf16";
   for (size_t i = 0; i < n; ++i) w[i] = bf ? comm::f32_to_bf16(g[i]) : comm::f32_to_f16(g[i]);
-  b.work = comm_->allreduce(w, w, n, bf ? comm::DataType::bf16 : comm::DataType::f16,
-                            comm::RedOp::avg);
+  b.work =
+      comm_->allreduce(w, w, n, bf ? comm::DataType::bf16 : comm::DataType::f16, comm::RedOp::avg);
 }
 
 double Ddp::finish() {

@@ -34,9 +34,19 @@ Tensor grad_channels_last(const Var& out) {
   return out->grad.is_channels_last() ? out->grad : out->grad.channels_last();
 }
 
-memory::desc nhwc(const Shape& s) {
-  return memory::desc(dn::dims(s), kF32, memory::format_tag::nhwc);
+memory::desc nhwc(const Shape& s, memory::data_type t = kF32) {
+  return memory::desc(dn::dims(s), t, memory::format_tag::nhwc);
 }
+
+// The same values in another type and the same layout, by a oneDNN reorder.
+Tensor convert(const Tensor& t, DType to) {
+  Tensor out =
+      Tensor::empty(t.shape(), to, t.is_channels_last() ? Order::channels_last : Order::contiguous);
+  dn::reorder(dn::mem(t), dn::mem(out));
+  return out;
+}
+
+DType g_compute = DType::f32;
 
 memory::desc vec(int64_t n) {
   return memory::desc({n}, kF32, memory::format_tag::a);
@@ -58,6 +68,39 @@ int64_t out_size(int64_t in, int k, int s, int p, int d) {
 }
 
 }  // namespace
+
+void set_compute_type(DType t) {
+  COHORT_CHECK(compute_type_supported(t),
+               dtype_name_of(t) << " convolutions are not available in oneDNN on this CPU");
+  g_compute = t;
+}
+
+DType compute_type() {
+  return g_compute;
+}
+
+const char* dtype_name_of(DType t) {
+  return tensor::dtype_name(t);
+}
+
+bool compute_type_supported(DType t) {
+  if (t == DType::f32) return true;
+  if (t != DType::bf16 && t != DType::f16) return false;
+  // Ask oneDNN for a small training convolution in that type.
+  try {
+    const auto dt = dn::dt(t);
+    memory::desc src({2, 16, 8, 8}, dt, memory::format_tag::nhwc);
+    memory::desc dst({2, 16, 8, 8}, kF32, memory::format_tag::nhwc);
+    memory::desc wei({16, 16, 3, 3}, dt, memory::format_tag::any);
+    auto d = dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                             dnnl::algorithm::convolution_direct, src, wei, dst,
+                                             {1, 1}, {1, 1}, {1, 1});
+    dnnl::convolution_forward::primitive_desc pd(d, dn::engine());
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Profile
@@ -144,8 +187,13 @@ void Conv2d::reset_parameters(uint64_t seed) {
 
 Var Conv2d::forward(const Var& x_in) {
   profile::Scope prof("conv.fwd");
-  Tensor x = as_channels_last(x_in, "Conv2d", o_.in);
-  auto& slot = plans_[x.shape()];
+  Tensor x32 = as_channels_last(x_in, "Conv2d", o_.in);
+  const DType ct = compute_type();
+  const auto cdt = dn::dt(ct);
+  // Lower precision: the input goes in converted; weights convert in the reorder they need
+  // anyway; outputs and gradients stay f32.
+  Tensor x = ct == DType::f32 ? x32 : convert(x32, ct);
+  auto& slot = plans_[{x.shape(), static_cast<int>(ct)}];
   if (!slot) {
     auto p = std::make_unique<Plan>();
     const int64_t oh = out_size(x.size(2), o_.kernel, o_.stride, o_.padding, o_.dilation);
@@ -158,18 +206,18 @@ Var Conv2d::forward(const Var& x_in) {
         g == 1 ? memory::desc({o_.out, o_.in, o_.kernel, o_.kernel}, kF32, memory::format_tag::oihw)
                : memory::desc({g, o_.out / g, o_.in / g, o_.kernel, o_.kernel}, kF32,
                               memory::format_tag::goihw);
-    memory::desc w_any(p->w_plain.dims(), kF32, memory::format_tag::any);
+    memory::desc w_any(p->w_plain.dims(), cdt, memory::format_tag::any);
     p->strides = {o_.stride, o_.stride};
     p->dil = {o_.dilation - 1, o_.dilation - 1};
     p->pad = {o_.padding, o_.padding};
-    auto d =
-        b_ ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                             dnnl::algorithm::convolution_direct, nhwc(x.shape()),
-                                             w_any, vec(o_.out), nhwc(p->out_shape), p->strides,
-                                             p->dil, p->pad, p->pad)
-           : dnnl::convolution_forward::desc(
-                 dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                 nhwc(x.shape()), w_any, nhwc(p->out_shape), p->strides, p->dil, p->pad, p->pad);
+    auto d = b_ ? dnnl::convolution_forward::desc(
+                      dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                      nhwc(x.shape(), cdt), w_any, vec(o_.out), nhwc(p->out_shape), p->strides,
+                      p->dil, p->pad, p->pad)
+                : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                  dnnl::algorithm::convolution_direct,
+                                                  nhwc(x.shape(), cdt), w_any, nhwc(p->out_shape),
+                                                  p->strides, p->dil, p->pad, p->pad);
     p->fwd_pd = COHORT_DNNL(dnnl::convolution_forward::primitive_desc(d, dn::engine()),
                             "Conv2d forward, input " << tensor::shape_string(x.shape()));
     p->fwd = dnnl::convolution_forward(p->fwd_pd);
@@ -190,12 +238,12 @@ Var Conv2d::forward(const Var& x_in) {
     tape->use(*w_);
     if (b_) tape->use(*b_);
     Plan* plan = &p;
-    tape->push(out, [this, tape, plan, x_in, out, x]() {
+    tape->push(out, [this, tape, plan, x_in, out, x, ct, cdt]() {
       Plan& p = *plan;
       if (!p.has_bwd) {
         auto dd = dnnl::convolution_backward_data::desc(
             dnnl::algorithm::convolution_direct, nhwc(x.shape()),
-            memory::desc(p.w_plain.dims(), kF32, memory::format_tag::any), nhwc(p.out_shape),
+            memory::desc(p.w_plain.dims(), cdt, memory::format_tag::any), nhwc(p.out_shape, cdt),
             p.strides, p.dil, p.pad, p.pad);
         p.bwd_d_pd =
             COHORT_DNNL(dnnl::convolution_backward_data::primitive_desc(dd, dn::engine(), p.fwd_pd),
@@ -203,11 +251,11 @@ Var Conv2d::forward(const Var& x_in) {
         p.bwd_d = dnnl::convolution_backward_data(p.bwd_d_pd);
         memory::desc w_any(p.w_plain.dims(), kF32, memory::format_tag::any);
         auto wd = b_ ? dnnl::convolution_backward_weights::desc(
-                           dnnl::algorithm::convolution_direct, nhwc(x.shape()), w_any, vec(o_.out),
-                           nhwc(p.out_shape), p.strides, p.dil, p.pad, p.pad)
+                           dnnl::algorithm::convolution_direct, nhwc(x.shape(), cdt), w_any,
+                           vec(o_.out), nhwc(p.out_shape, cdt), p.strides, p.dil, p.pad, p.pad)
                      : dnnl::convolution_backward_weights::desc(
-                           dnnl::algorithm::convolution_direct, nhwc(x.shape()), w_any,
-                           nhwc(p.out_shape), p.strides, p.dil, p.pad, p.pad);
+                           dnnl::algorithm::convolution_direct, nhwc(x.shape(), cdt), w_any,
+                           nhwc(p.out_shape, cdt), p.strides, p.dil, p.pad, p.pad);
         p.bwd_w_pd = COHORT_DNNL(
             dnnl::convolution_backward_weights::primitive_desc(wd, dn::engine(), p.fwd_pd),
             "Conv2d backward weights, input " << tensor::shape_string(x.shape()));
@@ -215,6 +263,7 @@ Var Conv2d::forward(const Var& x_in) {
         p.has_bwd = true;
       }
       Tensor dy = grad_channels_last(out);
+      if (ct != DType::f32) dy = convert(dy, ct);
       {
         profile::Scope prof("conv.bwd_w");
         const memory::desc dwd = p.bwd_w_pd.diff_weights_desc();
@@ -472,8 +521,9 @@ Var BatchNorm2d::forward_synced(const Var& x_in, const Tensor& x) {
           const int64_t i = p * c + k;
           const float d = relu && yp[i] <= 0 ? 0.0f : gp[i];
           const float xhat = (xp[i] - mp[k]) * ip[k];
-          dp[i] = g[k] * ip[k] *
-                  (d - static_cast<float>(sdy[k] / count) - xhat * static_cast<float>(sdyx[k] / count));
+          dp[i] =
+              g[k] * ip[k] *
+              (d - static_cast<float>(sdy[k] / count) - xhat * static_cast<float>(sdyx[k] / count));
         }
       }
       accumulate(*x_in, std::move(dx));
@@ -782,7 +832,9 @@ Var Linear::forward(const Var& x_in) {
                "Linear expects [N, " << in_ << "], got " << tensor::shape_string(x.shape()));
   const int64_t n = x.size(0);
   Tensor y = Tensor::empty({n, out_});
-  tensor::matmul(x, false, w_->value, true, y);
+  const DType ct = compute_type();
+  const Tensor xc = ct == DType::f32 ? x : convert(x, ct);
+  tensor::matmul(xc, false, ct == DType::f32 ? w_->value : convert(w_->value, ct), true, y);
   if (b_) {
     const float* b = b_->value.data<float>();
     float* d = y.data<float>();
@@ -793,21 +845,22 @@ Var Linear::forward(const Var& x_in) {
   if (Tape* tape = Tape::current()) {
     tape->use(*w_);
     if (b_) tape->use(*b_);
-    tape->push(out, [this, tape, x_in, out, x, n]() {
+    tape->push(out, [this, tape, x_in, out, xc, n, ct]() {
       profile::Scope prof("linear.bwd");
-      Tensor dy = out->grad.contiguous();
-      tensor::matmul(dy, true, x, false, w_->grad, 1.0f);
+      Tensor dy32 = out->grad.contiguous();
+      const Tensor dy = ct == DType::f32 ? dy32 : convert(dy32, ct);
+      tensor::matmul(dy, true, xc, false, w_->grad, 1.0f);
       tape->param_done(*w_);
       if (b_) {
         float* db = b_->grad.data<float>();
-        const float* g = dy.data<float>();
+        const float* g = dy32.data<float>();
         for (int64_t i = 0; i < n; ++i)
           for (int64_t j = 0; j < out_; ++j) db[j] += g[i * out_ + j];
         tape->param_done(*b_);
       }
       if (x_in->requires_grad) {
         Tensor dx = Tensor::empty({n, in_});
-        tensor::matmul(dy, false, w_->value, false, dx);
+        tensor::matmul(dy, false, ct == DType::f32 ? w_->value : convert(w_->value, ct), false, dx);
         accumulate(*x_in, std::move(dx));
       }
     });

@@ -139,6 +139,13 @@ float LrSchedule::at(int64_t step) const {
   COHORT_THROW("unknown lr schedule '" << kind << "' (known: cosine, step, constant)");
 }
 
+double clip_grad_norm(Model& m, double max_norm) {
+  COHORT_CHECK(max_norm > 0, "clip_grad_norm: max norm " << max_norm);
+  const double norm = std::sqrt(tensor::sum_squares(m.flat_grads()));
+  if (norm > max_norm) tensor::scale_(m.flat_grads(), static_cast<float>(max_norm / (norm + 1e-6)));
+  return norm;
+}
+
 float linear_scaled_lr(float lr, int64_t global_batch, int64_t reference) {
   COHORT_CHECK(global_batch > 0 && reference > 0,
                "linear scaling: global batch " << global_batch << ", reference " << reference);

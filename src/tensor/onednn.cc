@@ -79,29 +79,31 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor
   COHORT_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "matmul needs 2-d tensors");
   COHORT_CHECK(a.is_contiguous() && b.is_contiguous() && c.is_contiguous(),
                "matmul needs contiguous tensors");
+  COHORT_CHECK(a.dtype() == b.dtype() && c.dtype() == DType::f32,
+               "matmul: " << dtype_name(a.dtype()) << " x " << dtype_name(b.dtype()) << " -> "
+                          << dtype_name(c.dtype()) << " (inputs of one type, f32 out)");
   const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
   const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
   COHORT_CHECK(k == kb && c.size(0) == m && c.size(1) == n,
                "matmul shapes " << shape_string(a.shape()) << (trans_a ? "^T" : "") << " x "
                                 << shape_string(b.shape()) << (trans_b ? "^T" : "") << " -> "
                                 << shape_string(c.shape()));
-  using key_t = std::tuple<int64_t, int64_t, int64_t, bool, bool, float>;
+  using key_t = std::tuple<int64_t, int64_t, int64_t, bool, bool, float, int>;
   static std::mutex mu;
   struct Entry {
     dnnl::matmul::primitive_desc pd;
     dnnl::matmul prim;
   };
   static std::map<key_t, Entry> cache;
-  const key_t key{m, n, k, trans_a, trans_b, beta};
+  const key_t key{m, n, k, trans_a, trans_b, beta, static_cast<int>(a.dtype())};
   Entry e;
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it == cache.end()) {
-      memory::desc ad({m, k}, memory::data_type::f32,
-                      trans_a ? memory::dims{1, m} : memory::dims{k, 1});
-      memory::desc bd({k, n}, memory::data_type::f32,
-                      trans_b ? memory::dims{1, k} : memory::dims{n, 1});
+      const auto in_t = onednn::dt(a.dtype());
+      memory::desc ad({m, k}, in_t, trans_a ? memory::dims{1, m} : memory::dims{k, 1});
+      memory::desc bd({k, n}, in_t, trans_b ? memory::dims{1, k} : memory::dims{n, 1});
       memory::desc cd({m, n}, memory::data_type::f32, memory::dims{n, 1});
       dnnl::primitive_attr attr;
       if (beta != 0.0f) {

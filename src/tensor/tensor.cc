@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -422,6 +423,20 @@ bool all_finite(const Tensor& t) {
 #pragma omp parallel for reduction(| : bad) if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(p[i]);
   return bad == 0;
+}
+
+double max_abs(const Tensor& t) {
+  COHORT_CHECK(t.is_dense() && t.dtype() == DType::f32, "max_abs needs dense f32");
+  const float* p = t.data<float>();
+  const int64_t n = t.numel();
+  float m = 0;
+  int bad = 0;
+#pragma omp parallel for reduction(max : m) reduction(| : bad) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    bad |= !std::isfinite(p[i]);
+    m = std::max(m, std::abs(p[i]));
+  }
+  return bad ? std::numeric_limits<double>::infinity() : m;
 }
 
 void set_threads(int n) {

@@ -129,14 +129,17 @@ const std::vector<ConfigKey>& train_config_keys() {
       str("grad-compression", "Gradient buckets on the wire: none, bf16 or f16",
           &C::grad_compression, {"none", "bf16", "f16"}),
       flag("sync-bn", "SyncBatchNorm: batch statistics over all ranks", &C::sync_bn),
-      num("clip-grad-norm", "Clip gradients to this global norm (0: off)", &C::clip_grad_norm,
-          0.0f, 1e9f),
+      num("clip-grad-norm", "Clip gradients to this global norm (0: off)", &C::clip_grad_norm, 0.0f,
+          1e9f),
       num("checkpoint-every", "Write a checkpoint every N steps (0: at the end only)",
           &C::checkpoint_every, int64_t{0}, int64_t{1} << 40),
       str("checkpoint-dir", "Folder for checkpoint.safetensors", &C::checkpoint_dir),
       str("resume", "Continue exactly from the checkpoint in this folder", &C::resume),
       str("baseline-json", "A 1-rank run's --json: report scaling efficiency against it",
           &C::baseline_json),
+      str("precision", "Convolution and Linear compute: f32, bf16 or f16 (f32 master weights)",
+          &C::precision, {"f32", "bf16", "f16"}),
+      num("loss-scale", "f16: initial dynamic loss scale", &C::loss_scale, 1.0f, 1e10f),
   };
   return keys;
 }

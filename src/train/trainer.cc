@@ -163,6 +163,26 @@ EvalResult evaluate(nn::Model& m, data::Pipeline& p, bool multilabel, int classe
   return r;
 }
 
+// Sets the compute type of convolutions and Linear layers; says what runs in what.
+std::string apply_precision(const std::string& p) {
+  if (p == "f32") {
+    nn::set_compute_type(tensor::DType::f32);
+    return "f32";
+  }
+  const tensor::DType t = p == "bf16" ? tensor::DType::bf16 : tensor::DType::f16;
+  if (nn::compute_type_supported(t)) {
+    nn::set_compute_type(t);
+    return p + ": convolutions and Linear layers in " + p +
+           " (inputs converted on the way in), batch norm, activations, losses, gradients, "
+           "master weights and optimiser state in f32" +
+           (p == "f16" ? "; dynamic loss scaling" : "");
+  }
+  nn::set_compute_type(tensor::DType::f32);
+  return p + " requested, but oneDNN has no " + p +
+         " convolutions on this CPU: everything computes in f32" +
+         (p == "f16" ? " (dynamic loss scaling still applies)" : "");
+}
+
 nlohmann::json finite_or_null(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nullptr;
 }
@@ -181,6 +201,8 @@ TrainSummary run_training(const TrainConfig& c) {
     std::fflush(stdout);
   };
   if (c.threads > 0) tensor::set_threads(c.threads);
+  const std::string precision_note = apply_precision(c.precision);
+  const bool scaling = c.precision == "f16";
 
   auto source = data::open_source(c.data);
   COHORT_CHECK(source->size() > 0, "training data " << c.data << " holds no samples");
@@ -252,8 +274,8 @@ TrainSummary run_training(const TrainConfig& c) {
   pos.world = job.world;
   if (!c.resume.empty()) {
     pos = dist::load_checkpoint(c.resume, *model, *opt);
-    COHORT_CHECK(pos.seed == c.seed, c.resume << ": checkpoint seed " << pos.seed
-                                              << ", this run's " << c.seed);
+    COHORT_CHECK(pos.seed == c.seed,
+                 c.resume << ": checkpoint seed " << pos.seed << ", this run's " << c.seed);
     COHORT_CHECK(pos.position % static_cast<uint64_t>(c.batch * job.world * c.accum_steps) == 0,
                  c.resume << ": position " << pos.position
                           << " is not a whole number of global batches of "
@@ -277,6 +299,7 @@ TrainSummary run_training(const TrainConfig& c) {
         c.grad_compression == "none" ? "f32" : c.grad_compression.c_str(),
         c.sync_bn ? ", SyncBatchNorm" : "");
   }
+  say("train: precision %s\n", precision_note.c_str());
   if (c.lr_scaling == "linear") {
     say("train: lr %g x global batch %lld / %d = %g (linear scaling rule), warmup %lld steps, "
         "then %s\n",
@@ -302,13 +325,15 @@ TrainSummary run_training(const TrainConfig& c) {
     if (!lead || ckpt_dir.empty()) return;
     auto t0 = Clock::now();
     dist::save_checkpoint(ckpt_dir, *model, *opt, at);
-    say("train: checkpoint at step %lld written to %s (%.2f s)\n",
-        static_cast<long long>(at.step), dist::checkpoint_path(ckpt_dir).c_str(),
-        seconds_since(t0));
+    say("train: checkpoint at step %lld written to %s (%.2f s)\n", static_cast<long long>(at.step),
+        dist::checkpoint_path(ckpt_dir).c_str(), seconds_since(t0));
   };
 
   TrainSummary s;
   s.first_step = pos.step;
+  float loss_scale = scaling ? c.loss_scale : 1.0f;
+  int good_steps = 0;
+  int64_t skipped_steps = 0;
   auto t_run = Clock::now();
   int64_t step = pos.step;
   uint64_t images = 0;
@@ -337,20 +362,38 @@ TrainSummary run_training(const TrainConfig& c) {
                                                << " of epoch " << epoch);
         data_s += seconds_since(t0);
         loss += forward_backward(*model, batch_tensor(b), batch_targets(b, c.multilabel, classes),
-                                 c.label_smoothing, 1.0f / static_cast<float>(c.accum_steps),
+                                 c.label_smoothing, loss_scale / static_cast<float>(c.accum_steps),
                                  ddp.get(), k == c.accum_steps - 1, nullptr) /
                 static_cast<float>(c.accum_steps);
         step_images += b.size;
       }
       if (ddp) comm_s = ddp->finish();
-      if (c.clip_grad_norm > 0) {
-        const double norm = std::sqrt(tensor::sum_squares(model->flat_grads()));
-        if (norm > c.clip_grad_norm) {
-          tensor::scale_(model->flat_grads(), static_cast<float>(c.clip_grad_norm / norm));
+      const float step_lr = sched.at(step);
+      bool apply = true;
+      if (scaling) {
+        // Averaged gradients are the same on every rank, so every rank decides alike. A scaled
+        // gradient beyond f16's largest value (65504) counts as an overflow even where the
+        // kernels fell back to f32, so that the scale settles where f16 would hold it.
+        if (!(tensor::max_abs(model->flat_grads()) <= 65504.0)) {
+          apply = false;
+          skipped_steps++;
+          say("train: step %lld: gradients overflow f16 at loss scale %g; step skipped, scale now "
+              "%g\n",
+              static_cast<long long>(step + 1), loss_scale, loss_scale / 2);
+          loss_scale /= 2;
+          good_steps = 0;
+        } else {
+          tensor::scale_(model->flat_grads(), 1.0f / loss_scale);
+          if (++good_steps == 2000) {
+            loss_scale *= 2;
+            good_steps = 0;
+          }
         }
       }
-      const float step_lr = sched.at(step);
-      opt->step(step_lr);
+      if (apply) {
+        if (c.clip_grad_norm > 0) nn::clip_grad_norm(*model, c.clip_grad_norm);
+        opt->step(step_lr);
+      }
       const double compute_s = seconds_since(t_step) - data_s - comm_s;
       COHORT_CHECK(std::isfinite(loss), "loss is " << loss << " at step " << step << " (lr "
                                                    << step_lr << "): training diverged");
@@ -384,8 +427,8 @@ TrainSummary run_training(const TrainConfig& c) {
         say("epoch %lld/%d step %lld/%lld loss %.4f lr %.4g images/s %.1f compute %.0f ms "
             "comm wait %.0f ms data wait %.0f ms ETA %s\n",
             static_cast<long long>(epoch + 1), c.epochs, static_cast<long long>(step),
-            static_cast<long long>(total), window_loss / window_n, step_lr,
-            window_images / secs, 1e3 * window_compute / window_n, 1e3 * window_comm / window_n,
+            static_cast<long long>(total), window_loss / window_n, step_lr, window_images / secs,
+            1e3 * window_compute / window_n, 1e3 * window_comm / window_n,
             1e3 * window_data / window_n, hms(eta).c_str());
         window_loss = window_data = window_compute = window_comm = 0;
         window_n = 0;
@@ -397,7 +440,8 @@ TrainSummary run_training(const TrainConfig& c) {
         dist::RunPosition at = pos;
         at.step = step;
         at.epoch = in_epoch == per_epoch ? epoch + 1 : epoch;
-        at.position = in_epoch == per_epoch ? 0 : static_cast<uint64_t>(in_epoch) * samples_per_step;
+        at.position =
+            in_epoch == per_epoch ? 0 : static_cast<uint64_t>(in_epoch) * samples_per_step;
         write_checkpoint(at);
       }
     }
@@ -427,8 +471,8 @@ TrainSummary run_training(const TrainConfig& c) {
   const data::PipelineStats ps = train_p.stats();
   say("train: %lld steps in %.1f s, %.1f images/s (all ranks), final loss %.4f, peak RSS %.0f "
       "MB, %llu unreadable samples skipped\n",
-      static_cast<long long>(ran), s.seconds, s.images_per_s, s.final_loss,
-      peak_rss_bytes() / 1e6, static_cast<unsigned long long>(ps.skipped));
+      static_cast<long long>(ran), s.seconds, s.images_per_s, s.final_loss, peak_rss_bytes() / 1e6,
+      static_cast<unsigned long long>(ps.skipped));
   if (ran > 0) {
     say("train: per step: compute %.1f ms, exposed communication %.1f ms, data wait %.1f ms\n",
         1e3 * sum_compute / ran, 1e3 * sum_comm / ran, 1e3 * sum_data / ran);
@@ -441,7 +485,10 @@ TrainSummary run_training(const TrainConfig& c) {
                             {"comm_wait_ms", ran ? 1e3 * sum_comm / ran : 0.0},
                             {"data_wait_ms", ran ? 1e3 * sum_data / ran : 0.0},
                             {"peak_rss_bytes", peak_rss_bytes()},
-                            {"skipped_samples", ps.skipped}};
+                            {"skipped_samples", ps.skipped},
+                            {"skipped_steps", skipped_steps},
+                            {"loss_scale", loss_scale}};
+  s.skipped_steps = skipped_steps;
   if (!c.baseline_json.empty() && lead) {
     std::ifstream in(c.baseline_json);
     COHORT_CHECK(in, "cannot read --baseline-json " << c.baseline_json);
@@ -471,9 +518,10 @@ TrainSummary run_training(const TrainConfig& c) {
   if (!c.save.empty() && lead) {
     std::filesystem::create_directories(c.save);
     const std::string path = c.save + "/model.safetensors";
-    nn::save_weights(*model, path, {{"classes", std::to_string(classes)},
-                                    {"in_channels", std::to_string(in_ch)},
-                                    {"steps", std::to_string(step)}});
+    nn::save_weights(*model, path,
+                     {{"classes", std::to_string(classes)},
+                      {"in_channels", std::to_string(in_ch)},
+                      {"steps", std::to_string(step)}});
     say("train: weights saved to %s\n", path.c_str());
   }
   if (!c.json.empty() && lead) {
@@ -494,8 +542,9 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   std::shared_ptr<comm::Communicator> world;
   if (job.world > 1) world = comm::init();
   const bool lead = job.rank == 0;
-  auto model = nn::make_model(o.model, nn::ModelOptions{o.in_channels, o.num_classes,
-                                                        o.image_size, 0});
+  const std::string precision_note = apply_precision(o.precision);
+  auto model =
+      nn::make_model(o.model, nn::ModelOptions{o.in_channels, o.num_classes, o.image_size, 0});
   nn::OptimOptions oo;
   oo.kind = o.optimizer;
   auto opt = nn::make_optimizer(*model, oo);
@@ -511,17 +560,20 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   for (int i = 0; i < o.batch; ++i) t.classes.push_back((i * 7919 + job.rank) % o.num_classes);
 
   if (lead) {
-    std::printf("# cohort bench train: %s, batch %d per rank, %dx%dx%d, %d rank(s), %d threads "
-                "per rank, %s, %d steps after %d warmup\n",
-                o.model.c_str(), o.batch, o.in_channels, o.image_size, o.image_size, job.world,
-                tensor::threads(), o.optimizer.c_str(), o.steps, o.warmup);
+    std::printf(
+        "# cohort bench train: %s, batch %d per rank, %dx%dx%d, %d rank(s), %d threads "
+        "per rank, %s, %d steps after %d warmup\n",
+        o.model.c_str(), o.batch, o.in_channels, o.image_size, o.image_size, job.world,
+        tensor::threads(), o.optimizer.c_str(), o.steps, o.warmup);
+    std::printf("# precision %s\n", precision_note.c_str());
     if (ddp) {
       std::printf("# DDP: %zu buckets (first %.2g MiB, then %.3g MiB), wire %s, %s\n",
                   ddp->buckets().size(), o.ddp.first_bucket_mb, o.ddp.bucket_mb,
                   o.ddp.compression.c_str(), world->describe().c_str());
     }
   }
-  for (int i = 0; i < o.warmup; ++i) train_step(*model, *opt, x, t, 0.01f, 0.0f, nullptr, ddp.get());
+  for (int i = 0; i < o.warmup; ++i)
+    train_step(*model, *opt, x, t, 0.01f, 0.0f, nullptr, ddp.get());
   if (world) world->barrier().wait();
   nn::profile::reset();
   nn::profile::enable(o.profile);
@@ -553,10 +605,11 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.peak_rss = peak_rss_bytes();
   r.threads = tensor::threads();
   if (!lead) return r;
-  std::printf("ms/step %.1f (min %.1f)  images/s %.2f%s  forward %.1f  backward %.1f  exposed "
-              "comm %.1f  optimizer %.1f ms  peak RSS %.0f MB\n",
-              r.ms_per_step, r.ms_min, r.images_per_s, job.world > 1 ? " (all ranks)" : "",
-              r.ms_forward, r.ms_backward, r.ms_comm_wait, r.ms_optimizer, r.peak_rss / 1e6);
+  std::printf(
+      "ms/step %.1f (min %.1f)  images/s %.2f%s  forward %.1f  backward %.1f  exposed "
+      "comm %.1f  optimizer %.1f ms  peak RSS %.0f MB\n",
+      r.ms_per_step, r.ms_min, r.images_per_s, job.world > 1 ? " (all ranks)" : "", r.ms_forward,
+      r.ms_backward, r.ms_comm_wait, r.ms_optimizer, r.peak_rss / 1e6);
   if (job.world > 1) {
     std::printf("ms/step per rank:");
     for (double v : per_rank) std::printf(" %.1f", v);
@@ -579,6 +632,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
                         {"in_channels", o.in_channels},
                         {"threads", r.threads},
                         {"world", r.world},
+                        {"precision", o.precision},
                         {"steps", o.steps},
                         {"warmup", o.warmup},
                         {"ms_per_step", r.ms_per_step},

@@ -150,11 +150,10 @@ TEST(Launch, RankKilledDuringTrainingFailsTheJob) {
   TempDir dir;
   train::TrainConfig c = small_run(dir);
   const std::string log = dir.file("launch.txt");
-  const std::string cmd = std::string("timeout 120 ") + bin +
-                          " launch --nproc-per-node 2 --grace 2 -- " + bin +
-                          " train --model smallcnn --data " + c.data +
-                          " --epochs 1000 --batch 8 --image-size 24 --log-every 1 > " + log +
-                          " 2>&1";
+  const std::string cmd =
+      std::string("timeout 120 ") + bin + " launch --nproc-per-node 2 --grace 2 -- " + bin +
+      " train --model smallcnn --data " + c.data +
+      " --epochs 1000 --batch 8 --image-size 24 --log-every 1 > " + log + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
   std::thread killer([&]() {
     // Once training runs, kill the rank whose RANK is 1.
@@ -169,9 +168,9 @@ TEST(Launch, RankKilledDuringTrainingFailsTheJob) {
                          std::istreambuf_iterator<char>());
         if (argv.find(c.data) == std::string::npos) continue;
         std::ifstream env(e.path() / "environ");
-        const std::string vars = std::string(1, '\0') +
-                                 std::string((std::istreambuf_iterator<char>(env)),
-                                             std::istreambuf_iterator<char>());
+        const std::string vars =
+            std::string(1, '\0') +
+            std::string((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
         if (vars.find(std::string("\0RANK=1\0", 8)) == std::string::npos) continue;
         ::kill(std::stoi(e.path().filename()), SIGKILL);
         return;
@@ -187,6 +186,23 @@ TEST(Launch, RankKilledDuringTrainingFailsTheJob) {
   EXPECT_NE(text.find("rank 1"), std::string::npos) << text;
   EXPECT_NE(text.find("SIGKILL"), std::string::npos) << text;
   EXPECT_LT(secs, 60) << text;
+}
+
+// Ranks whose options give them different numbers of steps get an error naming the counts
+// before the first step, not a hang in an allreduce.
+TEST(Launch, RanksThatWouldRunOutOfDataUnevenlyFailClearly) {
+  const char* bin = std::getenv("COHORT_BIN");
+  ASSERT_NE(bin, nullptr);
+  TempDir dir;
+  train::TrainConfig c = small_run(dir);
+  const std::string cmd =
+      std::string("timeout 120 ") + bin + " launch --nproc-per-node 2 -- sh -c '" + "exec " + bin +
+      " train --model smallcnn --data " + c.data +
+      " --image-size 24 --batch $((8 + 8 * RANK))' > " + dir.file("out.txt") + " 2>&1";
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  std::ifstream in(dir.file("out.txt"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("ranks disagree on the steps per epoch"), std::string::npos) << text;
 }
 
 }  // namespace

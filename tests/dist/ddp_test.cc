@@ -9,6 +9,7 @@
 
 #include "cohort/dist/ddp.h"
 #include "cohort/nn/init.h"
+#include "cohort/nn/layers.h"
 #include "cohort/nn/model.h"
 #include "cohort/train/trainer.h"
 #include "testing/ranks.h"
@@ -45,8 +46,7 @@ Targets labels(int first, int count) {
 
 // `steps` optimiser steps of `accum` micro-batches; this process holds `count` samples of each
 // global micro-batch starting at `first`.
-void train(nn::Model& m, nn::Optimizer& opt, Ddp* ddp, int steps, int accum, int first,
-           int count) {
+void train(nn::Model& m, nn::Optimizer& opt, Ddp* ddp, int steps, int accum, int first, int count) {
   for (int s = 0; s < steps; ++s) {
     m.zero_grad();
     for (int k = 0; k < accum; ++k) {
@@ -102,7 +102,9 @@ void equivalence(int world, int accum, DdpOptions o, double tol) {
   testing::expect_all_ok(rs);
 }
 
-TEST(Ddp, TwoRanksEqualOneRankWithTheWholeBatch) { equivalence(2, 1, DdpOptions{}, 2e-4); }
+TEST(Ddp, TwoRanksEqualOneRankWithTheWholeBatch) {
+  equivalence(2, 1, DdpOptions{}, 2e-4);
+}
 
 TEST(Ddp, FourRanksWithAccumulationAndBucketsThatSplitTheModel) {
   DdpOptions o;
@@ -152,6 +154,44 @@ TEST(Ddp, FirstBucketGoesOutBeforeBackwardEnds) {
     for (size_t i = 1; i < ddp.buckets().size(); ++i)
       REQUIRE(ddp.buckets()[i].launched_at >= ddp.buckets()[i - 1].launched_at,
               "bucket " << i << " launched before bucket " << i - 1);
+  });
+  testing::expect_all_ok(rs);
+}
+
+// A parameter the forward never uses: its bucket still goes out and nobody hangs.
+class HalfUsed : public nn::Module {
+ public:
+  HalfUsed() {
+    used_ = &add("used", std::make_unique<nn::Linear>(4, 3));
+    add("unused", std::make_unique<nn::Linear>(4, 3));
+  }
+  nn::Var forward(const nn::Var& x) override { return used_->forward(x); }
+
+ private:
+  nn::Linear* used_;
+};
+
+TEST(Ddp, ParametersWithoutGradientsDoNotHang) {
+  auto rs = run_ranks(2, [](int rank) {
+    auto c = comm::init();
+    nn::Model m("halfused", std::make_unique<HalfUsed>(), nn::ModelOptions{});
+    DdpOptions o;
+    o.first_bucket_mb = 1e-5;  // one parameter per bucket
+    o.bucket_mb = 1e-5;
+    Ddp ddp(m, c, o);
+    ddp.broadcast_from_rank0();
+    m.zero_grad();
+    tensor::Tensor x = tensor::Tensor::full({2, 4}, 1.0f + static_cast<float>(rank));
+    Targets t;
+    t.classes = {0, 2};
+    train::forward_backward(m, x, t, 0.0f, 1.0f, &ddp, true, nullptr);
+    ddp.finish();
+    // The used layer's bias gradient is the mean of both ranks'; the unused one's stays zero.
+    float g = m.find_param("used.bias")->grad.data<float>()[0];
+    float both[2];
+    c->allgather(&g, both, 1, comm::DataType::f32).wait();
+    REQUIRE(both[0] == both[1] && g != 0.0f, "used.bias grads " << both[0] << " " << both[1]);
+    REQUIRE(m.find_param("unused.weight")->grad.data<float>()[0] == 0.0f, "unused grad");
   });
   testing::expect_all_ok(rs);
 }

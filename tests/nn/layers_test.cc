@@ -328,6 +328,45 @@ TEST(Losses, BceWithLogitsValueAndGradients) {
              1e-2, 1e-2);
 }
 
+// bf16 convolutions (AVX512-BF16 / AMX) agree with f32 to bf16's precision, forward and
+// backward; skipped where oneDNN cannot run them on this CPU.
+TEST(MixedPrecision, Bf16ConvolutionAndLinearTrackF32) {
+  if (!compute_type_supported(DType::bf16)) GTEST_SKIP() << "no bf16 convolutions on this CPU";
+  auto m = make_model("smallcnn", ModelOptions{1, 3, 16, 2});
+  Tensor x = random({4, 1, 16, 16}, 21, Order::channels_last);
+  auto run = [&](DType t) {
+    set_compute_type(t);
+    m->zero_grad();
+    Tape tape;
+    Tape::Recording rec(tape);
+    Var logits = m->forward(constant(x));
+    std::vector<float> out = values(logits->value);
+    tape.backward(cross_entropy(logits, {0, 1, 2, 1}));
+    set_compute_type(DType::f32);
+    return std::make_pair(out, values(m->flat_grads()));
+  };
+  auto [y32, g32] = run(DType::f32);
+  auto [y16, g16] = run(DType::bf16);
+  double ymax = 0, yerr = 0, dot = 0, n32 = 0, n16 = 0;
+  for (size_t i = 0; i < y32.size(); ++i) {
+    ymax = std::max(ymax, std::abs(double{y32[i]}));
+    yerr = std::max(yerr, std::abs(double{y32[i]} - y16[i]));
+  }
+  bool differs = false;
+  for (size_t i = 0; i < g32.size(); ++i) {
+    dot += double{g32[i]} * g16[i];
+    n32 += double{g32[i]} * g32[i];
+    n16 += double{g16[i]} * g16[i];
+    differs |= g32[i] != g16[i];
+  }
+  EXPECT_LT(yerr, 0.03 * ymax) << yerr << " of " << ymax;
+  // The gradient points the same way (bf16 keeps 8 bits of mantissa per product).
+  const double cosine = dot / std::sqrt(n32 * n16);
+  EXPECT_GT(cosine, 0.995);
+  EXPECT_NEAR(std::sqrt(n16 / n32), 1.0, 0.03);
+  EXPECT_TRUE(differs);  // it really ran in bf16
+}
+
 TEST(Tape, GradReadyHooksFireOncePerParameterInReverseOrder) {
   auto m = make_model("smallcnn", ModelOptions{1, 2, 16, 1});
   std::vector<int> order;

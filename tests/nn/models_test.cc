@@ -188,6 +188,18 @@ TEST(Optim, LarsScalesByTrustRatioAndSchedules) {
   EXPECT_FLOAT_EQ(linear_scaled_lr(0.1f, 1024), 0.4f);
 }
 
+TEST(Optim, ClipGradNormScalesToTheLimit) {
+  auto m = make_model("smallcnn", ModelOptions{1, 2, 8, 0});
+  m->zero_grad();
+  m->find_param("fc.bias")->grad.data<float>()[0] = 3.0f;
+  m->find_param("features.0.weight")->grad.data<float>()[4] = 4.0f;
+  EXPECT_NEAR(clip_grad_norm(*m, 1.0), 5.0, 1e-6);
+  EXPECT_NEAR(std::sqrt(tensor::sum_squares(m->flat_grads())), 1.0, 1e-5);
+  EXPECT_NEAR(m->find_param("fc.bias")->grad.data<float>()[0], 0.6f, 1e-5);
+  EXPECT_NEAR(clip_grad_norm(*m, 10.0), 1.0, 1e-5);  // under the limit: unchanged
+  EXPECT_NEAR(m->find_param("fc.bias")->grad.data<float>()[0], 0.6f, 1e-5);
+}
+
 TEST(SafeTensors, RoundTripIsExact) {
   TempDir dir;
   auto a = make_model("resnet18", ModelOptions{1, 4, 64, 1});

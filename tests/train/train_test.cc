@@ -139,6 +139,34 @@ TEST(Training, SmallCnnLearnsLesionsOnSyntheticScans) {
   nn::load_weights(*m, dir.file("out/model.safetensors"));
 }
 
+// f16 training: an overflowing loss scale makes inf gradients; those steps are skipped and the
+// scale backs off until steps go through, and training ends with a finite loss.
+TEST(Training, F16DynamicLossScalingSkipsOverflowingSteps) {
+  TempDir dir;
+  data::ScanSetOptions s;
+  s.count = 64;
+  s.width = 24;
+  s.out = dir.file("scans");
+  data::make_scans(s);
+  TrainConfig c;
+  c.model = "smallcnn";
+  c.data = s.out;
+  c.epochs = 3;
+  c.batch = 16;
+  c.image_size = 24;
+  c.precision = "f16";
+  c.epochs = 5;
+  c.loss_scale = 1e7f;  // scaled gradients leave f16's range at once
+  c.log_every = 100;
+  TrainSummary r = run_training(c);
+  EXPECT_GE(r.skipped_steps, 1);
+  EXPECT_LT(r.skipped_steps, r.steps);
+  EXPECT_TRUE(std::isfinite(r.final_loss));
+  // bf16 trains too (or falls back to f32 where oneDNN has no bf16 here).
+  c.precision = "bf16";
+  EXPECT_EQ(run_training(c).skipped_steps, 0);
+}
+
 TEST(Training, BadInputGivesClearErrors) {
   TempDir dir;
   TrainConfig c;

@@ -29,9 +29,9 @@ struct PipelineOptions {
   int prefetch = 2;  // batches ready ahead of the consumer
   int size = 224;    // output height and width
   uint64_t seed = 0;
-  bool train = true;  // random-resized-crop + flips; otherwise resize + center crop
+  bool train = true;             // random-resized-crop + flips; otherwise resize + center crop
   double crop_scale_min = 0.08;  // random-resized-crop's smallest area fraction
-  int resize = 256;   // eval: shorter side before the center crop
+  int resize = 256;              // eval: shorter side before the center crop
   bool hflip = true;
   bool vflip = false;
   float brightness = 0, contrast = 0;               // jitter amplitudes (0: off)

@@ -1,10 +1,12 @@
 // Data-parallel training (PyTorch DDP's design on Cohort's collectives). Parameters are grouped
 // into buckets in reverse registration order (the order backward finishes them): the first
-// bucket small so that communication starts early, the rest larger so that each allreduce is
-// bandwidth-bound. A bucket is a contiguous range of the model's flat gradient buffer, so the
-// gradients are already in place: nothing is copied in or out. When the tape reports a
-// bucket's last gradient final, its allreduce (average over ranks) starts asynchronously while
-// backward goes on; finish() waits for the rest, which is the exposed communication.
+// bucket small so that communication starts early, the middle ones larger so that each
+// allreduce is bandwidth-bound, and the last (the first-registered parameters, final only when
+// backward ends) small again, since nothing is left to overlap its transfer with. A bucket is a
+// contiguous range of the model's flat gradient buffer, so the gradients are already in place:
+// nothing is copied in or out. When the tape reports a bucket's last gradient final, its allreduce
+// (average over ranks) starts asynchronously while backward goes on; finish() waits for the rest,
+// which is the exposed communication.
 #pragma once
 
 #include <memory>
@@ -28,7 +30,7 @@ struct Bucket {
   int pending = 0;
   bool launched = false;
   comm::Work work;
-  nn::Tensor wire;  // bf16/f16 copy on the wire when compressing
+  nn::Tensor wire;         // bf16/f16 copy on the wire when compressing
   double launched_at = 0;  // seconds since the step's backward began
 };
 

@@ -35,7 +35,7 @@ class Conv2d : public Module {
   Conv2dOptions o_;
   Param* w_ = nullptr;
   Param* b_ = nullptr;
-  std::map<Shape, std::unique_ptr<Plan>> plans_;
+  std::map<std::pair<Shape, int>, std::unique_ptr<Plan>> plans_;  // by input shape and type
 };
 
 // relu = true fuses the ReLU that follows (torchvision's bn1 + relu), saving a pass.
@@ -146,6 +146,14 @@ class Dropout : public Module {
   uint64_t seed_;
   uint64_t calls_ = 0;
 };
+
+// Convolutions and Linear layers compute in this type: f32 (default) or bf16 (AVX512-BF16 and
+// AMX through oneDNN); their inputs are converted on the way in, while outputs, gradients,
+// weights and everything else stay f32. Throws when oneDNN cannot run the type on this CPU.
+void set_compute_type(DType t);
+DType compute_type();
+bool compute_type_supported(DType t);
+const char* dtype_name_of(DType t);
 
 // Functions without parameters.
 Var relu(const Var& x);

@@ -48,6 +48,10 @@ struct LrSchedule {
   float at(int64_t step) const;
 };
 
+// Scales the flat gradients so that their global L2 norm is at most max_norm (torch's
+// clip_grad_norm_); returns the norm before clipping.
+double clip_grad_norm(Model& m, double max_norm);
+
 // Goyal et al.'s linear scaling rule: lr for a global batch, given the lr for `reference`.
 float linear_scaled_lr(float lr, int64_t global_batch, int64_t reference = 256);
 

@@ -124,6 +124,7 @@ void scale_(Tensor& dst, float s);
 double sum(const Tensor& t);
 double sum_squares(const Tensor& t);
 bool all_finite(const Tensor& t);
+double max_abs(const Tensor& t);  // inf or nan when any element is
 
 // C = alpha * op(A) op(B) + beta * C, 2-d f32, through oneDNN's matmul.
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,

@@ -40,9 +40,13 @@ struct TrainConfig {
   float bucket_mb = 25, first_bucket_mb = 1;
   std::string grad_compression = "none";  // none | bf16 | f16 on the wire
   bool sync_bn = false;
-  float clip_grad_norm = 0;  // 0: off
+  float clip_grad_norm = 0;      // 0: off
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when checkpoint-dir is set
   std::string checkpoint_dir, resume, baseline_json;
+  // Mixed precision: convolutions and Linear layers in bf16 or f16 (f32 master weights,
+  // gradients and optimiser state); f16 adds dynamic loss scaling.
+  std::string precision = "f32";
+  float loss_scale = 65536;  // f16: the initial dynamic loss scale
 };
 
 struct ConfigKey {

@@ -42,13 +42,14 @@ struct EvalResult {
 
 struct TrainSummary {
   int64_t steps = 0;
-  int64_t first_step = 0;  // > 0 when resumed
+  int64_t first_step = 0;     // > 0 when resumed
   std::vector<float> losses;  // every step's loss (rank 0's batch)
   double final_loss = 0;
   double images_per_s = 0;
   double seconds = 0;
   EvalResult last_val;
   bool has_val = false;
+  int64_t skipped_steps = 0;  // f16: steps dropped for inf/nan gradients
 };
 
 TrainSummary run_training(const TrainConfig& c);
@@ -60,7 +61,8 @@ struct BenchTrainOptions {
   std::string optimizer = "sgd";
   std::string json;
   bool profile = true;
-  dist::DdpOptions ddp;  // under a launcher with several ranks  // time every kind of op and report the split
+  dist::DdpOptions ddp;           // under a launcher with several ranks
+  std::string precision = "f32";  // time every kind of op and report the split
 };
 
 struct BenchTrainResult {
