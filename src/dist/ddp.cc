@@ -3,6 +3,7 @@
 #include "cohort/comm/types.h"
 #include "cohort/core/clock.h"
 #include "cohort/nn/layers.h"
+#include "cohort/tensor/onednn.h"
 
 namespace cohort::dist {
 
@@ -100,14 +101,15 @@ void Ddp::launch(Bucket& b) {
   b.launched_at = since_prepare();
   b.launched = true;
   if (o_.compression == "none") {
-    b.work = comm_->allreduce(g, g, n, comm::DataType::f32, comm::RedOp::avg);
+    b.work = comm_->allreduce(g, g, n, comm::DataType::f32, comm::RedOp::sum);
     return;
   }
   uint16_t* w = b.wire.data<uint16_t>();
   const bool bf = o_.compression == "bf16";
-  for (size_t i = 0; i < n; ++i) w[i] = bf ? comm::f32_to_bf16(g[i]) : comm::f32_to_f16(g[i]);
+  nn::Tensor flat = nn::Tensor::wrap(g, {static_cast<int64_t>(n)}, tensor::DType::f32);
+  tensor::onednn::reorder(tensor::onednn::mem(flat), tensor::onednn::mem(b.wire));  // vectorised
   b.work =
-      comm_->allreduce(w, w, n, bf ? comm::DataType::bf16 : comm::DataType::f16, comm::RedOp::avg);
+      comm_->allreduce(w, w, n, bf ? comm::DataType::bf16 : comm::DataType::f16, comm::RedOp::sum);
 }
 
 double Ddp::finish() {
@@ -115,14 +117,13 @@ double Ddp::finish() {
   if (!sync_) return 0;
   auto t0 = Clock::now();
   while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
-  const bool bf = o_.compression == "bf16";
   for (Bucket& b : buckets_) {
     b.work.wait();
     if (o_.compression != "none") {
-      float* g = m_.flat_grads().data<float>() + b.begin;
-      const uint16_t* w = b.wire.data<uint16_t>();
-      for (size_t i = 0; i < b.end - b.begin; ++i)
-        g[i] = bf ? comm::bf16_to_f32(w[i]) : comm::f16_to_f32(w[i]);
+      nn::Tensor flat =
+          nn::Tensor::wrap(m_.flat_grads().data<float>() + b.begin,
+                           {static_cast<int64_t>(b.end - b.begin)}, tensor::DType::f32);
+      tensor::onednn::reorder(tensor::onednn::mem(b.wire), tensor::onednn::mem(flat));
     }
   }
   return seconds_since(t0);

@@ -34,7 +34,9 @@ float forward_backward(nn::Model& m, const Tensor& x, const Targets& t, float la
   const float value = loss->value.data<float>()[0];
   auto t1 = Clock::now();
   if (ddp) ddp->prepare(tape, sync);
-  tape.backward(loss, loss_scale);
+  // Under DDP the gradients come out already divided by the world size, so that the bucket
+  // allreduce is a plain sum (an average would cost the collective another pass).
+  tape.backward(loss, ddp ? loss_scale * ddp->gradient_scale() : loss_scale);
   if (times) {
     times->forward += std::chrono::duration<double>(t1 - t0).count();
     times->backward += seconds_since(t1);

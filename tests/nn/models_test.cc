@@ -303,5 +303,36 @@ TEST(Interop, TorchvisionLoadsOurWeightsAndAgrees) {
   }
 }
 
+// And the reverse: torchvision's own weights (its state_dict as safetensors) load here and give
+// torchvision's outputs.
+TEST(Interop, TorchvisionWeightsLoadHereAndAgree) {
+  if (std::system("/usr/bin/python3 -c 'import torch, torchvision' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3-torch / python3-torchvision not installed";
+  }
+  TempDir dir;
+  for (const char* name : {"resnet50", "densenet121"}) {
+    Tensor x = random({2, 1, 64, 64}, 8);
+    save_safetensors(dir.file("io.safetensors"), {{"x", x.contiguous()}});
+    const std::string cmd = std::string("/usr/bin/python3 ") + COHORT_SOURCE_DIR +
+                            "/bench/torch_interop.py " + name + " --export " +
+                            dir.file("tv.safetensors") + " " + dir.file("io.safetensors");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    auto m = make_model(name, ModelOptions{1, 3, 64, 0});
+    load_weights(*m, dir.file("tv.safetensors"));
+    m->train(false);
+    NoGrad ng;
+    Tensor y = m->forward(constant(x))->value.contiguous();
+    const SafeTensors io = load_safetensors(dir.file("io.safetensors"));
+    const Tensor& ref = io.tensors.at("y");
+    ASSERT_EQ(ref.shape(), y.shape());
+    double err = 0, scale = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      err = std::max(err, std::abs(double{y.data<float>()[i]} - ref.data<float>()[i]));
+      scale = std::max(scale, std::abs(double{ref.data<float>()[i]}));
+    }
+    EXPECT_LT(err, 1e-3 * std::max(1.0, scale)) << name;
+  }
+}
+
 }  // namespace
 }  // namespace cohort::nn

@@ -5,7 +5,7 @@
 // backward ends) small again, since nothing is left to overlap its transfer with. A bucket is a
 // contiguous range of the model's flat gradient buffer, so the gradients are already in place:
 // nothing is copied in or out. When the tape reports a bucket's last gradient final, its allreduce
-// (average over ranks) starts asynchronously while backward goes on; finish() waits for the rest,
+// (a sum over ranks) starts asynchronously while backward goes on; finish() waits for the rest,
 // which is the exposed communication.
 #pragma once
 
@@ -40,6 +40,9 @@ class Ddp {
 
   // Every rank takes rank 0's parameters and buffers.
   void broadcast_from_rank0();
+  // What backward must scale the loss gradient by (1 / world): the buckets are then summed,
+  // which leaves the average.
+  float gradient_scale() const { return 1.0f / static_cast<float>(comm_->size()); }
   // Arms the hooks on this step's tape. With sync = false (all but the last micro-batch of an
   // accumulation), gradients only accumulate locally, as PyTorch's no_sync().
   void prepare(nn::Tape& tape, bool sync);
