@@ -59,6 +59,10 @@ Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
 void Ddp::broadcast_from_rank0() {
   nn::Tensor& v = m_.flat_values();
   comm_->broadcast(v.raw(), v.raw(), static_cast<size_t>(v.numel()), comm::DataType::f32, 0).wait();
+  broadcast_buffers();
+}
+
+void Ddp::broadcast_buffers() {
   for (nn::Buffer* b : m_.buffers()) {
     const comm::DataType t =
         b->value.dtype() == tensor::DType::i64 ? comm::DataType::i64 : comm::DataType::f32;

@@ -110,43 +110,80 @@ data::PipelineOptions pipeline_options(const TrainConfig& c, bool train, int wor
   return po;
 }
 
-EvalResult evaluate(nn::Model& m, data::Pipeline& p, bool multilabel, int classes) {
+// Every rank evaluates its shard of the validation set; logits, targets and sample indices are
+// gathered (the sampler gives every rank the same count, padding with repeats, which are
+// dropped here by index), so every rank computes the same figures over each sample once.
+}  // namespace
+
+EvalResult evaluate(nn::Model& m, data::Pipeline& p, bool multilabel, int classes,
+                    comm::Communicator* world) {
   m.train(false);
   nn::NoGrad ng;
-  EvalResult r;
-  std::vector<std::vector<float>> scores(multilabel ? classes : 1);
-  std::vector<std::vector<int>> labels(scores.size());
-  double loss_sum = 0;
-  size_t correct = 0;
+  std::vector<double> index;           // f64: exact for any data set index
+  std::vector<float> logits, targets;  // targets: [n, classes] findings, or [n] class ids
   p.start_epoch(0);
   data::Batch b;
   while (p.next(&b)) {
     Targets t = batch_targets(b, multilabel, classes);
-    Var logits = m.forward(nn::constant(batch_tensor(b)));
-    Tensor z = logits->value.contiguous();
-    const float* zp = z.data<float>();
-    Var loss = multilabel ? nn::bce_with_logits(logits, t.multilabel)
-                          : nn::cross_entropy(logits, t.classes);
-    loss_sum += static_cast<double>(loss->value.data<float>()[0]) * b.size;
+    Tensor z = m.forward(nn::constant(batch_tensor(b)))->value.contiguous();
+    logits.insert(logits.end(), z.data<float>(), z.data<float>() + z.numel());
     for (int i = 0; i < b.size; ++i) {
-      const float* row = zp + i * classes;
+      index.push_back(static_cast<double>(b.indices[i]));
       if (multilabel) {
-        for (int k = 0; k < classes; ++k) {
-          scores[k].push_back(row[k]);
-          labels[k].push_back(t.multilabel.data<float>()[i * classes + k] > 0);
-        }
-        continue;
-      }
-      const int arg = static_cast<int>(std::max_element(row, row + classes) - row);
-      correct += arg == t.classes[i];
-      if (classes == 2) {
-        scores[0].push_back(row[1] - row[0]);  // monotone in softmax p(1)
-        labels[0].push_back(t.classes[i]);
+        const float* row = t.multilabel.data<float>() + i * classes;
+        targets.insert(targets.end(), row, row + classes);
+      } else {
+        targets.push_back(static_cast<float>(t.classes[i]));
       }
     }
-    r.samples += static_cast<size_t>(b.size);
   }
   m.train(true);
+  if (world && world->size() > 1) {
+    const size_t n = world->size();
+    auto gather = [&](auto& v, comm::DataType t) {
+      std::remove_reference_t<decltype(v)> all(v.size() * n);
+      world->allgather(v.data(), all.data(), v.size(), t).wait();
+      v.swap(all);
+    };
+    gather(index, comm::DataType::f64);
+    gather(logits, comm::DataType::f32);
+    gather(targets, comm::DataType::f32);
+  }
+  const size_t width = multilabel ? static_cast<size_t>(classes) : 1;
+  std::vector<std::vector<float>> scores(multilabel ? classes : 1);
+  std::vector<std::vector<int>> labels(scores.size());
+  std::vector<char> seen;
+  EvalResult r;
+  double loss_sum = 0;
+  size_t correct = 0;
+  for (size_t i = 0; i < index.size(); ++i) {
+    const size_t id = static_cast<size_t>(index[i]);
+    if (id >= seen.size()) seen.resize(id + 1, 0);
+    if (seen[id]) continue;
+    seen[id] = 1;
+    ++r.samples;
+    const float* row = logits.data() + i * classes;
+    const float* tr = targets.data() + i * width;
+    if (multilabel) {
+      for (int k = 0; k < classes; ++k) {
+        const double x = row[k];
+        loss_sum += (std::max(x, 0.0) - x * tr[k] + std::log1p(std::exp(-std::abs(x)))) / classes;
+        scores[k].push_back(row[k]);
+        labels[k].push_back(tr[k] > 0);
+      }
+      continue;
+    }
+    const int y = static_cast<int>(tr[0]);
+    const float mx = *std::max_element(row, row + classes);
+    double se = 0;
+    for (int k = 0; k < classes; ++k) se += std::exp(static_cast<double>(row[k] - mx));
+    loss_sum += mx + std::log(se) - row[y];
+    correct += static_cast<int>(std::max_element(row, row + classes) - row) == y;
+    if (classes == 2) {
+      scores[0].push_back(row[1] - row[0]);  // monotone in softmax p(1)
+      labels[0].push_back(y);
+    }
+  }
   r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0;
   r.accuracy = r.samples && !multilabel ? static_cast<double>(correct) / r.samples : std::nan("");
   r.auc = std::nan("");
@@ -164,6 +201,8 @@ EvalResult evaluate(nn::Model& m, data::Pipeline& p, bool multilabel, int classe
   }
   return r;
 }
+
+namespace {
 
 // Sets the compute type of convolutions and Linear layers; says what runs in what.
 std::string apply_precision(const std::string& p) {
@@ -217,9 +256,9 @@ TrainSummary run_training(const TrainConfig& c) {
   }
   data::Pipeline train_p(source, pipeline_options(c, true, job.world, job.rank));
   std::unique_ptr<data::Pipeline> val_p;
-  if (!c.val.empty() && lead) {
+  if (!c.val.empty()) {
     val_p = std::make_unique<data::Pipeline>(data::open_source(c.val),
-                                             pipeline_options(c, false, 1, 0));
+                                             pipeline_options(c, false, job.world, job.rank));
   }
   const int in_ch = train_p.channels();
   COHORT_CHECK(c.in_channels == 0 || c.in_channels == in_ch,
@@ -451,7 +490,8 @@ TrainSummary run_training(const TrainConfig& c) {
                          {"train_loss", epoch_steps ? epoch_loss / epoch_steps : 0.0},
                          {"steps", epoch_steps}};
     if (val_p && in_epoch == per_epoch) {
-      EvalResult r = evaluate(*model, *val_p, c.multilabel, classes);
+      if (ddp) ddp->broadcast_buffers();  // as DDP's broadcast_buffers: rank 0's statistics
+      EvalResult r = evaluate(*model, *val_p, c.multilabel, classes, world.get());
       s.last_val = r;
       s.has_val = true;
       say("epoch %lld/%d validation: %zu samples, loss %.4f", static_cast<long long>(epoch + 1),
@@ -513,7 +553,7 @@ TrainSummary run_training(const TrainConfig& c) {
   if (lead) {
     dist::RunPosition end = pos;
     end.step = step;
-    end.epoch = step % per_epoch == 0 ? step / per_epoch : step / per_epoch;
+    end.epoch = step / per_epoch;
     end.position = static_cast<uint64_t>(step % per_epoch) * samples_per_step;
     write_checkpoint(end);
   }

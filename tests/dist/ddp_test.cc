@@ -4,9 +4,12 @@
 // compressed buckets stay close.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
+#include "cohort/data/scans.h"
 #include "cohort/dist/ddp.h"
 #include "cohort/nn/init.h"
 #include "cohort/nn/layers.h"
@@ -155,6 +158,43 @@ TEST(Ddp, FirstBucketGoesOutBeforeBackwardEnds) {
       REQUIRE(ddp.buckets()[i].launched_at >= ddp.buckets()[i - 1].launched_at,
               "bucket " << i << " launched before bucket " << i - 1);
   });
+  testing::expect_all_ok(rs);
+}
+
+// Validation sharded over 3 ranks gives the figures of one rank over the whole set.
+TEST(Ddp, ShardedValidationEqualsOneRank) {
+  const std::string dir = "/tmp/cohort-val-" + std::to_string(::getpid());
+  data::ScanSetOptions s;
+  s.count = 50;  // not a multiple of 3 x batch: padding and a short last batch
+  s.width = 24;
+  s.out = dir;
+  data::make_scans(s);
+  auto options = [](int world, int rank) {
+    data::PipelineOptions po;
+    po.batch = 4;
+    po.size = 24;
+    po.train = false;
+    po.shuffle = false;
+    po.resize = 24;
+    po.layout = data::Layout::nhwc;
+    po.world = world;
+    po.rank = rank;
+    return po;
+  };
+  auto rs = run_ranks(3, [&](int rank) {
+    auto c = comm::init();
+    auto m = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 24, 6});
+    data::Pipeline p(data::open_source(dir), options(3, rank));
+    const train::EvalResult r = train::evaluate(*m, p, false, 2, c.get());
+    data::Pipeline whole(data::open_source(dir), options(1, 0));
+    const train::EvalResult one = train::evaluate(*m, whole, false, 2, nullptr);
+    REQUIRE(r.samples == 50 && one.samples == 50, r.samples << " and " << one.samples);
+    REQUIRE(std::abs(r.loss - one.loss) < 1e-6 && r.accuracy == one.accuracy &&
+                std::abs(r.auc - one.auc) < 1e-9,
+            "sharded " << r.loss << "/" << r.accuracy << "/" << r.auc << " vs " << one.loss << "/"
+                       << one.accuracy << "/" << one.auc);
+  });
+  std::filesystem::remove_all(dir);
   testing::expect_all_ok(rs);
 }
 

@@ -40,6 +40,9 @@ class Ddp {
 
   // Every rank takes rank 0's parameters and buffers.
   void broadcast_from_rank0();
+  // Every rank takes rank 0's buffers (BatchNorm's running statistics, which plain BatchNorm
+  // updates from each rank's own batches), before evaluation or a checkpoint.
+  void broadcast_buffers();
   // What backward must scale the loss gradient by (1 / world): the buckets are then summed,
   // which leaves the average.
   float gradient_scale() const { return 1.0f / static_cast<float>(comm_->size()); }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/data/pipeline.h"
 #include "cohort/dist/ddp.h"
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
@@ -39,6 +40,11 @@ struct EvalResult {
   double loss = 0, accuracy = 0, auc = 0;  // auc: binary or mean over findings; NaN if undefined
   size_t samples = 0;
 };
+
+// Validation over a pipeline (sharded by rank when `world` has several): every rank returns the
+// same figures over each sample once.
+EvalResult evaluate(nn::Model& m, data::Pipeline& p, bool multilabel, int classes,
+                    comm::Communicator* world = nullptr);
 
 struct TrainSummary {
   int64_t steps = 0;
