@@ -19,6 +19,9 @@
 #include "cohort/core/log.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
+#ifdef COHORT_HAVE_UCX
+#include "transport/ucx/ucx_transport.h"
+#endif
 
 namespace cohort::comm {
 
@@ -96,9 +99,18 @@ Settings Settings::from_env() {
   s.timeout = std::chrono::milliseconds(
       static_cast<int64_t>(env::double_or("COHORT_TIMEOUT", 300.0) * 1000.0));
   std::string tr = env::get_or("COHORT_TRANSPORT", "auto");
+#ifdef COHORT_HAVE_UCX
+  if (tr != "auto" && tr != "tcp" && tr != "shm" && tr != "ucx") {
+    COHORT_THROW("COHORT_TRANSPORT='" << tr << "': expected auto, shm, tcp or ucx");
+  }
+  s.ucx = tr == "ucx";
+  s.ucx_remote = tr == "auto" && ucx_has_rdma();
+#else
+  if (tr == "ucx") COHORT_THROW("COHORT_TRANSPORT=ucx, but this build has no UCX (libucx-dev)");
   if (tr != "auto" && tr != "tcp" && tr != "shm") {
     COHORT_THROW("COHORT_TRANSPORT='" << tr << "': expected auto, shm or tcp");
   }
+#endif
   s.force_tcp = tr == "tcp";
   s.tcp_streams = static_cast<int>(env::int_or("COHORT_TCP_STREAMS", 2));
   if (s.tcp_streams < 1 || s.tcp_streams > 16) {
@@ -221,7 +233,7 @@ NativeComm::NativeComm(Store store, std::string token, std::string comm_name, in
     topo_.host_of_rank.push_back(it->second);
   }
   topo_.num_hosts = static_cast<int>(host_index.size());
-  topo_.net_everywhere = settings_.force_tcp;
+  topo_.net_everywhere = settings_.net_everywhere();
   build_groups();
   local_rank_ = local().me;
   local_size_ = local().size();
@@ -245,11 +257,15 @@ void NativeComm::connect_links() {
   const PeerDesc& me = members_[static_cast<size_t>(rank_)];
   // Reserve the listener before publishing, so peers never dial a closed port.
   std::unique_ptr<TcpListener> listener;
-  std::vector<PeerDesc> tcp_peers;
+  std::vector<PeerDesc> tcp_peers, ucx_peers;
   for (int p = 0; p < n; ++p) {
     if (p == rank_) continue;
     const PeerDesc& peer = members_[static_cast<size_t>(p)];
-    if (settings_.force_tcp || peer.host != me.host) tcp_peers.push_back(peer);
+    if (settings_.ucx || (settings_.ucx_remote && peer.host != me.host)) {
+      ucx_peers.push_back(peer);
+    } else if (settings_.force_tcp || peer.host != me.host) {
+      tcp_peers.push_back(peer);
+    }
   }
   // The TCP address is published even without TCP peers of our own, so that later
   // communicators and diagnostics can rely on it.
@@ -264,7 +280,7 @@ void NativeComm::connect_links() {
   for (int p = 0; p < n; ++p) {
     if (p == rank_) continue;
     const PeerDesc& peer = members_[static_cast<size_t>(p)];
-    if (!settings_.force_tcp && peer.host == me.host) {
+    if (!settings_.net_everywhere() && peer.host == me.host) {
       links_[static_cast<size_t>(p)].push_back(connect_shm(store_, so, me, peer));
       // Small messages get a ring of their own: a few KiB that stay in cache, where the bulk
       // ring's lines would come from memory.
@@ -283,6 +299,18 @@ void NativeComm::connect_links() {
     auto lanes = connect_tcp_peers(store_, *listener, to, me, tcp_peers);
     for (auto& [p, l] : lanes) links_[static_cast<size_t>(p)] = std::move(l);
   }
+#ifdef COHORT_HAVE_UCX
+  if (!ucx_peers.empty()) {
+    UcxOptions uo;
+    uo.token = token_;
+    uo.comm_id = comm_id_;
+    uo.deadline = Clock::now() + settings_.timeout;
+    uo.chunk_bytes = env::parse_bytes(env::get_or("COHORT_UCX_CHUNK", "256K"));
+    uo.chunks = static_cast<int>(env::int_or("COHORT_UCX_CHUNKS", 8));
+    auto links = connect_ucx_peers(store_, uo, me, ucx_peers);
+    for (auto& [p, l] : links) links_[static_cast<size_t>(p)].push_back(std::move(l));
+  }
+#endif
 }
 
 std::shared_ptr<NativeComm> NativeComm::init_world(const JobEnv& env, Settings s) {
@@ -484,11 +512,12 @@ void NativeComm::probe_links() {
   const Group& lg = local();
   const bool on_first_host =
       topo_.host_of_rank[static_cast<size_t>(rank_)] == topo_.host_of_rank[0];
-  if (on_first_host && lg.size() > 1 && !settings_.force_tcp)
+  if (on_first_host && lg.size() > 1 && !settings_.net_everywhere())
     measure(lg.at(0), lg.at(1), &fig[0], &fig[1]);
   int other = -1;
   for (int r = 1; r < size() && other < 0; ++r) {
-    if (settings_.force_tcp || topo_.host_of_rank[static_cast<size_t>(r)] != topo_.host_of_rank[0])
+    if (settings_.net_everywhere() ||
+        topo_.host_of_rank[static_cast<size_t>(r)] != topo_.host_of_rank[0])
       other = r;
   }
   if (other > 0) measure(0, other, &fig[2], &fig[3]);

@@ -26,7 +26,10 @@ namespace detail {
 
 struct Settings {
   std::chrono::milliseconds timeout{300000};
-  bool force_tcp = false;
+  bool force_tcp = false;   // COHORT_TRANSPORT=tcp: TCP to every peer
+  bool ucx = false;         // COHORT_TRANSPORT=ucx: UCX to every peer
+  bool ucx_remote = false;  // auto, with UCX and an RDMA device: UCX to other hosts
+  bool net_everywhere() const { return force_tcp || ucx; }
   int tcp_streams = 1;
   size_t stripe_min = 1u << 20;  // messages this large are striped across TCP lanes
   size_t shm_ring = 4u << 20;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Two emulated hosts (network namespaces, tools/netns-cluster) with two ranks each:
-#  1. a checked job across them completes and uses shared memory + TCP;
-#  2. cutting a node's link in the middle of a collective makes every rank fail within the
-#     timeout and both launchers exit non-zero (an error, not a hang).
+# Emulated hosts (network namespaces, tools/netns-cluster):
+#  1. 2 hosts x 2 ranks: a checked job across them completes and uses shared memory + TCP;
+#  2. the same checked job over UCX (UCX_TLS=tcp,sm: tcp between hosts, shared memory inside);
+#  3. cutting a node's link in the middle of a collective makes every rank fail within the
+#     timeout and both launchers exit non-zero (an error, not a hang);
+#  4. 3 hosts x 1 rank, checked, over TCP and over UCX.
 # Skips (exit 77) where namespaces cannot be made. Always removes its namespaces.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -45,7 +47,18 @@ else
   echo "PASS: checked allreduce across two emulated hosts"
 fi
 
-# 2. Cut node 1's link while large allreduces run; expect errors within the timeout.
+# 2. UCX across the two hosts.
+COHORT_TRANSPORT=ucx UCX_TLS=tcp,sm UCX_NET_DEVICES=eth0 \
+  run_job 29613 ucx "$bin" bench comm --min-bytes 8 --max-bytes 4M --factor 16 --iters 3 --warmup 1 --check
+if [ "${codes[0]}" -ne 0 ] || [ "${codes[1]}" -ne 0 ] ||
+   ! grep -q "4 ranks on 2 host(s), transports ucx" "$out/ucx.0.log" ||
+   ! grep -q "Out of bounds values : 0 OK" "$out/ucx.0.log"; then
+  echo "FAIL: UCX job across two hosts exited ${codes[*]}"; cat "$out"/ucx.*.log; fail=1
+else
+  echo "PASS: checked allreduce over UCX across two emulated hosts"
+fi
+
+# 3. Cut node 1's link while large allreduces run; expect errors within the timeout.
 start=$(date +%s)
 ( sleep 3; ip netns exec "$name-n1" ip link set eth0 down ) &
 run_job 29612 cut "$bin" bench comm --min-bytes 64M --max-bytes 64M --iters 1000 --warmup 0
@@ -58,6 +71,31 @@ elif ! grep -qE "rank [0-9]+ \(host node[01]\)|no progress|closed its connection
 else
   echo "PASS: link cut -> every launcher failed after ${took}s"
 fi
+# 4. Three hosts, one rank each, over TCP and over UCX.
+"$cluster" down --name "$name"
+"$cluster" up --nodes 3 --name "$name" >/dev/null || { echo "FAIL: cluster up (3)"; exit 1; }
+master=$("$cluster" addr 0 --name "$name")
+port=29620
+for transport in tcp ucx; do
+  port=$((port + 1))
+  for i in 0 1 2; do
+    COHORT_TRANSPORT=$transport UCX_TLS=tcp UCX_NET_DEVICES=eth0 COHORT_HOST_ID=node$i \
+      COHORT_TIMEOUT=10 timeout 60 "$cluster" run $i --name "$name" -- "$bin" launch \
+      --nproc-per-node 1 --nnodes 3 --node-rank $i --master "$master:$port" --job-id three$transport \
+      -- "$bin" bench comm --min-bytes 8 --max-bytes 4M --factor 16 --iters 3 --warmup 1 --check \
+      > "$out/three$transport.$i.log" 2>&1 &
+    pids[$i]=$!
+  done
+  codes=()
+  for i in 0 1 2; do wait "${pids[$i]}"; codes[$i]=$?; done
+  if [ "${codes[0]}" -ne 0 ] || [ "${codes[1]}" -ne 0 ] || [ "${codes[2]}" -ne 0 ] ||
+     ! grep -q "3 ranks on 3 host(s), transports $transport" "$out/three$transport.0.log" ||
+     ! grep -q "Out of bounds values : 0 OK" "$out/three$transport.0.log"; then
+    echo "FAIL: 3 hosts over $transport exited ${codes[*]}"; cat "$out"/three$transport.*.log; fail=1
+  else
+    echo "PASS: checked allreduce across three emulated hosts over $transport"
+  fi
+done
 rm -rf "$out"
-[ $fail -eq 0 ] && echo "2 passed, 0 failed" || echo "0 passed, 2 failed"
+[ $fail -eq 0 ] && echo "5 passed, 0 failed" || echo "some of 5 failed"
 exit $fail

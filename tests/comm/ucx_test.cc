@@ -1,0 +1,96 @@
+// The UCX transport on one host, over UCX's tcp (loopback) and shared-memory transports: every
+// kind of collective checked, and a killed rank named by the survivors within seconds.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <numeric>
+#include <vector>
+
+#include "cohort/comm/communicator.h"
+#include "cohort/core/error.h"
+#include "testing/ranks.h"
+
+using namespace cohort::comm;
+using cohort::testing::run_ranks;
+using cohort::testing::RunOptions;
+
+namespace {
+
+RunOptions ucx(const char* tls) {
+  RunOptions o;
+  o.env["COHORT_TRANSPORT"] = "ucx";
+  o.env["UCX_TLS"] = tls;
+  o.env["UCX_NET_DEVICES"] = "lo";  // loopback only
+  o.env["COHORT_TIMEOUT"] = "30";
+  o.timeout_s = 90;
+  return o;
+}
+
+void collectives(int rank) {
+  auto c = init();
+  const int n = c->size();
+  REQUIRE(c->describe().find("transports ucx") != std::string::npos, c->describe());
+  for (size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{300007}, size_t{3} << 20}) {
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((i % 97) + rank);
+    c->allreduce(v.data(), v.data(), count, DataType::f32, RedOp::sum).wait();
+    for (size_t i = 0; i < count; ++i) {
+      const float want = static_cast<float>(n * (i % 97) + n * (n - 1) / 2);
+      REQUIRE(v[i] == want,
+              "allreduce count " << count << " [" << i << "] " << v[i] << " != " << want);
+    }
+  }
+  std::vector<int64_t> mine(1000, rank), all(1000 * static_cast<size_t>(n));
+  c->allgather(mine.data(), all.data(), 1000, DataType::i64).wait();
+  for (int r = 0; r < n; ++r) REQUIRE(all[static_cast<size_t>(r) * 1000 + 999] == r, "allgather");
+  std::vector<double> b(77777, rank == 1 ? 2.5 : 0.0);
+  c->broadcast(b.data(), b.data(), b.size(), DataType::f64, 1).wait();
+  REQUIRE(b[77776] == 2.5, "broadcast");
+  std::vector<int32_t> send(static_cast<size_t>(n) * 5), recv(static_cast<size_t>(n) * 5);
+  for (int j = 0; j < n; ++j)
+    for (int k = 0; k < 5; ++k) send[static_cast<size_t>(j * 5 + k)] = rank * 100 + j;
+  c->alltoall(send.data(), recv.data(), 5, DataType::i32).wait();
+  for (int i = 0; i < n; ++i)
+    REQUIRE(recv[static_cast<size_t>(i * 5)] == i * 100 + rank, "alltoall");
+  c->barrier().wait();
+}
+
+TEST(Ucx, EveryCollectiveOverUcxTcp) {
+  cohort::testing::expect_all_ok(run_ranks(3, collectives, ucx("tcp")));
+}
+
+TEST(Ucx, EveryCollectiveOverUcxSharedMemory) {
+  cohort::testing::expect_all_ok(run_ranks(3, collectives, ucx("sm,self")));
+}
+
+TEST(Ucx, KilledRankIsNamedBySurvivors) {
+  for (const char* tls : {"tcp", "sm,self"}) {
+    auto rs = run_ranks(
+        3,
+        [](int rank) {
+          auto c = init();
+          std::vector<float> v(1u << 20, 1.0f);
+          for (int i = 0; i < 1000; ++i) {
+            if (rank == 2 && i == 3) ::kill(::getpid(), SIGKILL);
+            try {
+              c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+            } catch (const cohort::CommError& e) {
+              const std::string m = e.what();
+              REQUIRE(m.find("rank 2") != std::string::npos, "error does not name rank 2: " << m);
+              return;
+            }
+          }
+          REQUIRE(false, "1000 allreduces with a dead rank succeeded");
+        },
+        ucx(tls));
+    EXPECT_EQ(rs[2].signal, SIGKILL) << rs[2].output;
+    for (int r : {0, 1}) {
+      EXPECT_EQ(rs[static_cast<size_t>(r)].code, 0) << tls << " rank " << r << ":\n"
+                                                    << rs[static_cast<size_t>(r)].output;
+      EXPECT_LT(rs[static_cast<size_t>(r)].seconds, rs[2].seconds + 10.0) << tls;
+    }
+  }
+}
+
+}  // namespace
