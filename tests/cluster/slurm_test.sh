@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# A real single-host Slurm (Debian's slurm-wlm and munge, started here with a private config,
+# state and munge socket under a temp dir, on loopback and free ports): `srun -n 4 cohort bench
+# comm --check` and a data-parallel `srun -n 2 cohort train` find their place from SLURM_*
+# with no launcher. Every daemon is stopped and the temp dir removed at exit. Skips (77) where
+# the daemons cannot run.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+bin=${COHORT_BIN:-$root/build/bin/cohort}
+for p in slurmctld slurmd srun sinfo munged; do
+  command -v $p >/dev/null || { echo "SKIP: $p not installed"; exit 77; }
+done
+dir=$(mktemp -d /tmp/cohort-slurm.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null
+  done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+host=$(hostname -s)
+read -r p1 p2 < <(python3 -c 'import socket
+s=[socket.socket() for _ in range(2)]
+[x.bind(("127.0.0.1",0)) for x in s]
+print(*[x.getsockname()[1] for x in s])')
+mkdir -p "$dir/spool" "$dir/state"
+cat > "$dir/slurm.conf" <<CONF
+ClusterName=cohorttest
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$p1
+SlurmdPort=$p2
+AuthType=auth/munge
+AuthInfo=socket=$dir/munge.sock
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmdSpoolDir=$dir/spool
+StateSaveLocation=$dir/state
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
+SlurmUser=root
+ReturnToService=2
+MpiDefault=none
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
+PartitionName=cohort Nodes=$host Default=YES MaxTime=10 State=UP OverSubscribe=FORCE:8
+CONF
+export SLURM_CONF=$dir/slurm.conf
+munged --force -S "$dir/munge.sock" --pid-file="$dir/munged.pid" --seed-file="$dir/munge.seed" \
+  > "$dir/munged.out" 2>&1 || { echo "SKIP: munged does not start: $(cat "$dir/munged.out")"; exit 77; }
+pids+=("$(cat "$dir/munged.pid")")
+slurmctld -D -f "$SLURM_CONF" > "$dir/slurmctld.out" 2>&1 &
+pids+=($!)
+slurmd -D -N "$host" -f "$SLURM_CONF" > "$dir/slurmd.out" 2>&1 &
+pids+=($!)
+ready=0
+for _ in $(seq 100); do
+  if sinfo -h -o %T 2>/dev/null | grep -qE "idle|mixed"; then ready=1; break; fi
+  sleep 0.2
+done
+if [ $ready -ne 1 ]; then
+  echo "SKIP: Slurm did not come up:"; tail -5 "$dir"/*.out "$dir"/*.log 2>/dev/null; exit 77
+fi
+pass=0 fail=0
+out=$(timeout 120 srun -n 4 --overcommit "$bin" bench comm --min-bytes 8 --max-bytes 1M --factor 16 \
+  --iters 3 --warmup 1 --check 2>&1)
+if echo "$out" | grep -q "4 ranks on 1 host(s)" && echo "$out" | grep -q "Out of bounds values : 0 OK"; then
+  echo "PASS: srun -n 4 cohort bench comm"; pass=$((pass + 1))
+else
+  echo "FAIL: srun -n 4 cohort bench comm"; echo "$out" | tail -20; fail=$((fail + 1))
+fi
+"$bin" make-dataset scans --out "$dir/scans" --count 64 --size 24 > /dev/null 2>&1
+out=$(timeout 120 srun -n 2 --overcommit "$bin" train --model smallcnn --data "$dir/scans" --epochs 2 \
+  --batch 8 --image-size 24 --log-every 4 2>&1)
+if echo "$out" | grep -q "2 rank(s)" && echo "$out" | grep -q "DDP over" &&
+   echo "$out" | grep -q "epoch 2/2 step 8/8"; then
+  echo "PASS: srun -n 2 cohort train (data parallel)"; pass=$((pass + 1))
+else
+  echo "FAIL: srun -n 2 cohort train"; echo "$out" | tail -20; fail=$((fail + 1))
+fi
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
