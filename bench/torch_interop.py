@@ -85,17 +85,8 @@ def main():
     state = read_safetensors(weights)
     tensors = read_safetensors(io)
     x, y = tensors["x"], tensors["y"]
-    in_ch, classes = x.shape[1], y.shape[1]
-    model = getattr(torchvision.models, name)(num_classes=classes)
+    model = build(name, x.shape[1], y.shape[1])
     stem = "conv1" if name.startswith("resnet") else "features.conv0"
-    conv = getattr(model, "conv1") if name.startswith("resnet") else model.features.conv0
-    if in_ch != conv.in_channels:
-        new = torch.nn.Conv2d(in_ch, conv.out_channels, conv.kernel_size, conv.stride,
-                              conv.padding, bias=False)
-        if name.startswith("resnet"):
-            model.conv1 = new
-        else:
-            model.features.conv0 = new
     model.load_state_dict(state, strict=True)
     model.eval()
     with torch.no_grad():

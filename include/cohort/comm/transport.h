@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace cohort::comm {
@@ -52,6 +53,20 @@ class Link {
   // A contiguous span of up to n arrived bytes (may be fewer); 0 when nothing has arrived.
   virtual size_t peek_span(size_t n, const uint8_t** p) = 0;
   virtual void release(size_t n) = 0;
+
+  // recv_into for transports whose data arrives in their own buffers: copies span by span.
+  size_t copy_spans(void* dst, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      const uint8_t* p = nullptr;
+      const size_t k = peek_span(n - done, &p);
+      if (k == 0) break;
+      std::memcpy(static_cast<uint8_t*>(dst) + done, p, k);
+      release(k);
+      done += k;
+    }
+    return done;
+  }
 };
 
 }  // namespace cohort::comm

@@ -77,18 +77,8 @@ class ShmLink final : public Link {
     return k;
   }
 
-  size_t recv_into(void* dst, size_t n) override {
-    const uint8_t* p;
-    size_t done = 0;
-    while (done < n) {  // at most two spans: before and after the wrap
-      size_t k = peek_span(n - done, &p);
-      if (k == 0) break;
-      std::memcpy(static_cast<uint8_t*>(dst) + done, p, k);
-      release(k);
-      done += k;
-    }
-    return done;
-  }
+  // At most two spans: before and after the wrap.
+  size_t recv_into(void* dst, size_t n) override { return copy_spans(dst, n); }
 
   size_t peek(void* dst, size_t n) override {
     uint64_t head = in_->head.load(std::memory_order_acquire);

@@ -153,18 +153,7 @@ class UcxLink final : public Link {
     return m;
   }
 
-  size_t recv_into(void* dst, size_t n) override {
-    size_t done = 0;
-    while (done < n) {
-      const uint8_t* p = nullptr;
-      const size_t k = peek_span(n - done, &p);
-      if (k == 0) break;
-      std::memcpy(static_cast<uint8_t*>(dst) + done, p, k);
-      release(k);
-      done += k;
-    }
-    return done;
-  }
+  size_t recv_into(void* dst, size_t n) override { return copy_spans(dst, n); }
 
   size_t peek(void* dst, size_t n) override {
     w_->progress();
