@@ -4,7 +4,7 @@
 #  2. the same checked job over UCX (UCX_TLS=tcp,sm: tcp between hosts, shared memory inside);
 #  3. cutting a node's link in the middle of a collective makes every rank fail within the
 #     timeout and both launchers exit non-zero (an error, not a hang);
-#  4. 3 hosts x 1 rank, checked, over TCP and over UCX;
+#  4. 2 hosts x 1 rank, 3 hosts x 1 and x 2 ranks, checked, over TCP and over UCX;
 #  5. mpirun inside node 0 starting 2 ranks on each node through plm_rsh_agent
 #     (netns-cluster rsh), the ranks running Cohort's own backend. (Open MPI's own TCP BTL
 #     drops its connections between these namespaces, even for a plain MPI_Allreduce
@@ -75,31 +75,41 @@ elif ! grep -qE "rank [0-9]+ \(host node[01]\)|no progress|closed its connection
 else
   echo "PASS: link cut -> every launcher failed after ${took}s"
 fi
-# 4. Three hosts, one rank each, over TCP and over UCX.
+# 4. One rank on each of two hosts, then three hosts of one and of two ranks, over TCP and UCX.
+port=29620
+many() {  # $1: nodes, $2: ranks per node, $3: transport
+  local nodes=$1 per=$2 transport=$3 label=h$1r$2$3 i
+  port=$((port + 1))
+  local pids=()
+  for ((i = 0; i < nodes; i++)); do
+    COHORT_TRANSPORT=$transport UCX_TLS=tcp,sm UCX_NET_DEVICES=eth0 COHORT_HOST_ID=node$i \
+      COHORT_TIMEOUT=10 timeout 60 "$cluster" run $i --name "$name" -- "$bin" launch \
+      --nproc-per-node $per --nnodes $nodes --node-rank $i --master "$master:$port" --job-id $label \
+      -- "$bin" bench comm --min-bytes 8 --max-bytes 4M --factor 16 --iters 3 --warmup 1 --check \
+      > "$out/$label.$i.log" 2>&1 &
+    pids+=($!)
+  done
+  local bad=0
+  for p in "${pids[@]}"; do wait "$p" || bad=1; done
+  if [ $bad -ne 0 ] || ! grep -q "$((nodes * per)) ranks on $nodes host(s), transports" "$out/$label.0.log" ||
+     ! grep -q "Out of bounds values : 0 OK" "$out/$label.0.log"; then
+    echo "FAIL: $nodes hosts x $per ranks over $transport"; cat "$out"/$label.*.log; fail=1
+  else
+    echo "PASS: checked allreduce, $nodes emulated hosts x $per rank(s) over $transport"
+  fi
+}
+"$cluster" down --name "$name"
+"$cluster" up --nodes 2 --name "$name" >/dev/null || { echo "FAIL: cluster up (2)"; exit 1; }
+master=$("$cluster" addr 0 --name "$name")
+many 2 1 tcp
+many 2 1 ucx
 "$cluster" down --name "$name"
 "$cluster" up --nodes 3 --name "$name" >/dev/null || { echo "FAIL: cluster up (3)"; exit 1; }
 master=$("$cluster" addr 0 --name "$name")
-port=29620
-for transport in tcp ucx; do
-  port=$((port + 1))
-  for i in 0 1 2; do
-    COHORT_TRANSPORT=$transport UCX_TLS=tcp UCX_NET_DEVICES=eth0 COHORT_HOST_ID=node$i \
-      COHORT_TIMEOUT=10 timeout 60 "$cluster" run $i --name "$name" -- "$bin" launch \
-      --nproc-per-node 1 --nnodes 3 --node-rank $i --master "$master:$port" --job-id three$transport \
-      -- "$bin" bench comm --min-bytes 8 --max-bytes 4M --factor 16 --iters 3 --warmup 1 --check \
-      > "$out/three$transport.$i.log" 2>&1 &
-    pids[$i]=$!
-  done
-  codes=()
-  for i in 0 1 2; do wait "${pids[$i]}"; codes[$i]=$?; done
-  if [ "${codes[0]}" -ne 0 ] || [ "${codes[1]}" -ne 0 ] || [ "${codes[2]}" -ne 0 ] ||
-     ! grep -q "3 ranks on 3 host(s), transports $transport" "$out/three$transport.0.log" ||
-     ! grep -q "Out of bounds values : 0 OK" "$out/three$transport.0.log"; then
-    echo "FAIL: 3 hosts over $transport exited ${codes[*]}"; cat "$out"/three$transport.*.log; fail=1
-  else
-    echo "PASS: checked allreduce across three emulated hosts over $transport"
-  fi
+for per in 1 2; do
+  for transport in tcp ucx; do many 3 $per $transport; done
 done
+
 # 5. mpirun across the emulated nodes. Open MPI's shared-memory BTL (vader) is left out: the
 #    emulated nodes share one hostname and /dev/shm, and its segment names would collide.
 a0=$("$cluster" addr 0 --name "$name")
@@ -126,5 +136,5 @@ else
   echo "FAIL: mpirun not installed"; fail=1
 fi
 rm -rf "$out"
-[ $fail -eq 0 ] && echo "6 passed, 0 failed" || echo "some of 6 failed"
+[ $fail -eq 0 ] && echo "10 passed, 0 failed" || echo "some of 10 failed"
 exit $fail
