@@ -1,11 +1,13 @@
 #include "cohort/train/trainer.h"
 
+#include <sched.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cohort/comm/communicator.h"
 #include "cohort/core/clock.h"
@@ -113,6 +115,22 @@ data::PipelineOptions pipeline_options(const TrainConfig& c, bool train, int wor
 // Every rank evaluates its shard of the validation set; logits, targets and sample indices are
 // gathered (the sampler gives every rank the same count, padding with repeats, which are
 // dropped here by index), so every rank computes the same figures over each sample once.
+// Compute threads when none were asked for: the cores this rank may run on, shared with the
+// other ranks of this host when the launcher did not bind ranks to cores of their own.
+void default_threads(int asked, const comm::JobEnv& job) {
+  if (asked > 0) {
+    tensor::set_threads(asked);
+    return;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return;
+  const int mine = CPU_COUNT(&set);
+  const int all = static_cast<int>(std::thread::hardware_concurrency());
+  const int share = mine >= all ? std::max(1, mine / std::max(1, job.local_world)) : mine;
+  tensor::set_threads(share);
+}
+
 }  // namespace
 
 EvalResult evaluate(nn::Model& m, data::Pipeline& p, bool multilabel, int classes,
@@ -241,7 +259,7 @@ TrainSummary run_training(const TrainConfig& c) {
     std::printf(fmt, args...);
     std::fflush(stdout);
   };
-  if (c.threads > 0) tensor::set_threads(c.threads);
+  default_threads(c.threads, job);
   const std::string precision_note = apply_precision(c.precision);
   const bool scaling = c.precision == "f16";
 
@@ -577,10 +595,10 @@ TrainSummary run_training(const TrainConfig& c) {
 // -------------------------------------------------------------------------------------------
 
 BenchTrainResult bench_train(const BenchTrainOptions& o) {
-  if (o.threads > 0) tensor::set_threads(o.threads);
   COHORT_CHECK(o.steps > 0 && o.warmup >= 0 && o.batch > 0,
                "bench train: steps " << o.steps << ", warmup " << o.warmup);
   comm::JobEnv job = comm::detect_job_env();
+  default_threads(o.threads, job);
   std::shared_ptr<comm::Communicator> world;
   if (job.world > 1) world = comm::init();
   const bool lead = job.rank == 0;
