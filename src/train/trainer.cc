@@ -332,7 +332,25 @@ TrainSummary run_training(const TrainConfig& c) {
   pos.seed = c.seed;
   pos.world = job.world;
   if (!c.resume.empty()) {
-    pos = dist::load_checkpoint(c.resume, *model, *opt);
+    // Rank 0 reads the checkpoint (no shared file system needed) and every rank takes its
+    // parameters, buffers, optimiser state and position, as at the start of a run.
+    if (lead) pos = dist::load_checkpoint(c.resume, *model, *opt);
+    if (ddp) {
+      int64_t f[5] = {pos.step, pos.epoch, static_cast<int64_t>(pos.position),
+                      static_cast<int64_t>(pos.seed), opt->steps()};
+      world->broadcast(f, f, 5, comm::DataType::i64, 0).wait();
+      pos.step = f[0];
+      pos.epoch = f[1];
+      pos.position = static_cast<uint64_t>(f[2]);
+      pos.seed = static_cast<uint64_t>(f[3]);
+      opt->set_steps(f[4]);
+      ddp->broadcast_from_rank0();
+      for (auto& [name, t] : opt->state()) {
+        world
+            ->broadcast(t->raw(), t->raw(), static_cast<size_t>(t->numel()), comm::DataType::f32, 0)
+            .wait();
+      }
+    }
     COHORT_CHECK(pos.seed == c.seed,
                  c.resume << ": checkpoint seed " << pos.seed << ", this run's " << c.seed);
     COHORT_CHECK(pos.position % static_cast<uint64_t>(c.batch * job.world * c.accum_steps) == 0,

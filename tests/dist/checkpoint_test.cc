@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cohort/data/scans.h"
@@ -71,6 +72,36 @@ TEST(Checkpoint, ResumedRunContinuesTheSameLossCurve) {
   for (size_t i = 0; i < resumed.losses.size(); ++i)
     EXPECT_NEAR(resumed.losses[i], full.losses[8 + i], 1e-5f * std::max(1.0f, full.losses[8 + i]))
         << "step " << 8 + i;
+}
+
+// The same with two ranks under cohort launch: rank 0 reads the checkpoint, every rank takes it.
+TEST(Checkpoint, TwoRankResumeContinuesTheSameLossCurve) {
+  const char* bin = std::getenv("COHORT_BIN");
+  ASSERT_NE(bin, nullptr);
+  TempDir dir;
+  train::TrainConfig c = small_run(dir);
+  const std::string base = std::string("timeout 120 ") + bin + " launch --nproc-per-node 2 -- " +
+                           bin + " train --model smallcnn --data " + c.data +
+                           " --epochs 3 --batch 8 --image-size 24 --log-every 100 --json ";
+  auto run = [&](const std::string& json, const std::string& extra) {
+    const std::string cmd =
+        base + dir.file(json) + " " + extra + " > " + dir.file(json) + ".out 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  };
+  run("full.json", "");
+  run("first.json", "--max-steps 7 --checkpoint-dir " + dir.file("ck"));
+  run("rest.json", "--resume " + dir.file("ck"));
+  auto losses = [&](const std::string& json) {
+    std::vector<float> out;
+    const nlohmann::json log = nlohmann::json::parse(std::ifstream(dir.file(json)));
+    for (const auto& s : log["steps"]) out.push_back(s["loss"].get<float>());
+    return out;
+  };
+  const auto full = losses("full.json"), rest = losses("rest.json");
+  ASSERT_EQ(full.size(), 18u);
+  ASSERT_EQ(rest.size(), 11u);
+  for (size_t i = 0; i < rest.size(); ++i)
+    EXPECT_NEAR(rest[i], full[7 + i], 1e-5f * std::max(1.0f, full[7 + i])) << "step " << 7 + i;
 }
 
 TEST(Checkpoint, WriterKilledHalfWayLeavesThePreviousOneLoadable) {
