@@ -82,7 +82,6 @@ void Ddp::prepare(nn::Tape& tape, bool sync) {
   backward_end_s_ = 0;
   for (Bucket& b : buckets_) {
     b.pending = static_cast<int>(b.params.size());
-    b.launched = false;
     b.work = comm::Work();
     b.launched_at = 0;
   }
@@ -103,7 +102,6 @@ void Ddp::launch(Bucket& b) {
   float* g = m_.flat_grads().data<float>() + b.begin;
   const size_t n = b.end - b.begin;
   b.launched_at = since_prepare();
-  b.launched = true;
   if (o_.compression == "none") {
     b.work = comm_->allreduce(g, g, n, comm::DataType::f32, comm::RedOp::sum);
     return;

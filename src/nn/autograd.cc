@@ -12,14 +12,6 @@ Var constant(Tensor t) {
   return n;
 }
 
-Var leaf(Param& p) {
-  auto n = std::make_shared<Node>();
-  n->value = p.value;
-  n->param = &p;
-  n->requires_grad = true;
-  return n;
-}
-
 Tape::Recording::Recording(Tape& t) : prev_(g_tape) {
   g_tape = &t;
 }
@@ -88,19 +80,20 @@ void Tape::clear() {
 }
 
 void accumulate(Node& n, Tensor g) {
-  if (n.param) {
-    tensor::add_(n.param->grad, g);
-    return;
-  }
   if (!n.grad.defined()) {
     n.grad = std::move(g);
     return;
   }
   if (n.grad.block().use_count() > 1) {
-    // Shared with another node (the two inputs of a sum): add out of place.
-    Tensor sum = n.grad.clone(n.grad.is_channels_last() ? tensor::Order::channels_last
-                                                        : tensor::Order::contiguous);
-    tensor::add_(sum, g);
+    // Shared with another node (the two inputs of a sum): add out of place, in one pass, or
+    // into g when g is ours alone.
+    if (g.block().use_count() == 1 && g.strides() == n.grad.strides()) {
+      tensor::add_(g, n.grad);
+      n.grad = std::move(g);
+      return;
+    }
+    Tensor sum = Tensor::empty(n.grad.shape(), n.grad.dtype(), n.grad.order());
+    tensor::add_into(sum, n.grad, g);
     n.grad = std::move(sum);
     return;
   }

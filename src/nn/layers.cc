@@ -30,8 +30,10 @@ Tensor as_channels_last(const Var& x, const char* layer, int channels) {
   return t.is_channels_last() ? t : t.channels_last();
 }
 
-Tensor grad_channels_last(const Var& out) {
-  return out->grad.is_channels_last() ? out->grad : out->grad.channels_last();
+// The gradient that arrived for `out`, in the layout of out's value (a copy only if it differs).
+Tensor grad_like_value(const Var& out) {
+  return out->grad.strides() == out->value.strides() ? out->grad
+                                                     : out->grad.clone(out->value.order());
 }
 
 memory::desc nhwc(const Shape& s, memory::data_type t = kF32) {
@@ -40,8 +42,7 @@ memory::desc nhwc(const Shape& s, memory::data_type t = kF32) {
 
 // The same values in another type and the same layout, by a oneDNN reorder.
 Tensor convert(const Tensor& t, DType to) {
-  Tensor out =
-      Tensor::empty(t.shape(), to, t.is_channels_last() ? Order::channels_last : Order::contiguous);
+  Tensor out = Tensor::empty(t.shape(), to, t.order());
   dn::reorder(dn::mem(t), dn::mem(out));
   return out;
 }
@@ -71,16 +72,12 @@ int64_t out_size(int64_t in, int k, int s, int p, int d) {
 
 void set_compute_type(DType t) {
   COHORT_CHECK(compute_type_supported(t),
-               dtype_name_of(t) << " convolutions are not available in oneDNN on this CPU");
+               tensor::dtype_name(t) << " convolutions are not available in oneDNN on this CPU");
   g_compute = t;
 }
 
 DType compute_type() {
   return g_compute;
-}
-
-const char* dtype_name_of(DType t) {
-  return tensor::dtype_name(t);
 }
 
 bool compute_type_supported(DType t) {
@@ -109,8 +106,8 @@ namespace profile {
 namespace {
 bool g_on = false;
 std::mutex g_mu;
-std::map<std::string, Entry>& table() {
-  static std::map<std::string, Entry> t;
+std::map<const char*, Entry>& table() {
+  static std::map<const char*, Entry> t;
   return t;
 }
 }  // namespace
@@ -128,17 +125,25 @@ void reset() {
 std::vector<Entry> entries() {
   std::lock_guard<std::mutex> lock(g_mu);
   std::vector<Entry> out;
-  for (auto& [k, e] : table()) out.push_back(e);
+  // Equal literals in different files may have different addresses: merge by name.
+  std::map<std::string, Entry> by_name;
+  for (auto& [k, e] : table()) {
+    Entry& m = by_name[e.op];
+    m.op = e.op;
+    m.seconds += e.seconds;
+    m.calls += e.calls;
+  }
+  for (auto& [k, e] : by_name) out.push_back(e);
   std::sort(out.begin(), out.end(),
             [](const Entry& a, const Entry& b) { return a.seconds > b.seconds; });
   return out;
 }
-Scope::Scope(const char* op) : op_(op) {
-  if (g_on) t0_ = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+Scope::Scope(const char* op) : op_(op), on_(g_on) {
+  if (on_) t0_ = Clock::now();
 }
 Scope::~Scope() {
-  if (!g_on) return;
-  const double dt = std::chrono::duration<double>(Clock::now().time_since_epoch()).count() - t0_;
+  if (!on_) return;
+  const double dt = seconds_since(t0_);
   std::lock_guard<std::mutex> lock(g_mu);
   Entry& e = table()[op_];
   e.op = op_;
@@ -262,7 +267,7 @@ Var Conv2d::forward(const Var& x_in) {
         p.bwd_w = dnnl::convolution_backward_weights(p.bwd_w_pd);
         p.has_bwd = true;
       }
-      Tensor dy = grad_channels_last(out);
+      Tensor dy = grad_like_value(out);
       if (ct != DType::f32) dy = convert(dy, ct);
       {
         profile::Scope prof("conv.bwd_w");
@@ -401,7 +406,7 @@ Var BatchNorm2d::forward(const Var& x_in) {
         p.dshift = Tensor::empty({c_});
         p.has_bwd = true;
       }
-      Tensor dy = grad_channels_last(out);
+      Tensor dy = grad_like_value(out);
       Tensor dx = Tensor::empty(x.shape(), DType::f32, Order::channels_last);
       std::unordered_map<int, memory> args{{DNNL_ARG_SRC, dn::mem(x)},
                                            {DNNL_ARG_MEAN, dn::mem(mean)},
@@ -482,7 +487,7 @@ Var BatchNorm2d::forward_synced(const Var& x_in, const Tensor& x) {
     tape->push(out, [this, tape, x_in, out, x, mean, invstd, count, pixels]() {
       profile::Scope prof("syncbn.bwd");
       const int64_t c = c_;
-      Tensor dy = grad_channels_last(out);
+      Tensor dy = grad_like_value(out);
       const float* gp = dy.data<float>();
       const float* yp = out->value.data<float>();
       const float* xp = x.data<float>();
@@ -539,8 +544,7 @@ Var relu(const Var& x) {
   profile::Scope prof("relu.fwd");
   const Tensor& xv = x->value;
   COHORT_CHECK(xv.is_dense() && xv.dtype() == DType::f32, "relu needs a dense f32 tensor");
-  Tensor y = Tensor::empty(xv.shape(), DType::f32,
-                           xv.is_channels_last() ? Order::channels_last : Order::contiguous);
+  Tensor y = Tensor::empty(xv.shape(), DType::f32, xv.order());
   const float* s = xv.data<float>();
   float* d = y.data<float>();
   const int64_t n = xv.numel();
@@ -551,12 +555,8 @@ Var relu(const Var& x) {
     Tape::current()->push(out, [x, out]() {
       profile::Scope prof("relu.bwd");
       const Tensor& yv = out->value;
-      Tensor dy =
-          out->grad.strides() == yv.strides()
-              ? out->grad
-              : out->grad.clone(yv.is_channels_last() ? Order::channels_last : Order::contiguous);
-      Tensor dx = Tensor::empty(yv.shape(), DType::f32,
-                                yv.is_channels_last() ? Order::channels_last : Order::contiguous);
+      Tensor dy = grad_like_value(out);
+      Tensor dx = Tensor::empty(yv.shape(), DType::f32, yv.order());
       const float* o = yv.data<float>();
       const float* g = dy.data<float>();
       float* r = dx.data<float>();
@@ -587,8 +587,7 @@ Var add_impl(const Var& a, const Var& b, bool then_relu) {
     av = av.contiguous();
     bv = bv.contiguous();
   }
-  Tensor y = Tensor::empty(av.shape(), DType::f32,
-                           av.is_channels_last() ? Order::channels_last : Order::contiguous);
+  Tensor y = Tensor::empty(av.shape(), DType::f32, av.order());
   const float* p = av.data<float>();
   const float* q = bv.data<float>();
   float* d = y.data<float>();
@@ -606,8 +605,8 @@ Var add_impl(const Var& a, const Var& b, bool then_relu) {
     tape->push(out, [a, b, out, then_relu]() {
       profile::Scope prof("add.bwd");
       const Tensor& yv = out->value;
-      const Order order = yv.is_channels_last() ? Order::channels_last : Order::contiguous;
-      Tensor g = out->grad.strides() == yv.strides() ? out->grad : out->grad.clone(order);
+      const Order order = yv.order();
+      Tensor g = grad_like_value(out);
       out->grad = Tensor();
       if (then_relu) {
         // In place when nobody else holds the gradient: no new buffer the size of the output.
@@ -707,7 +706,7 @@ Var Pool2d::forward(const Var& x_in) {
         p.bwd = dnnl::pooling_backward(p.bwd_pd);
         p.has_bwd = true;
       }
-      Tensor dy = grad_channels_last(out);
+      Tensor dy = grad_like_value(out);
       Tensor dx = Tensor::empty(xs, DType::f32, Order::channels_last);
       std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, dn::mem(dy)},
                                            {DNNL_ARG_DIFF_SRC, dn::mem(dx)}};
@@ -754,7 +753,7 @@ Var AdaptiveAvgPool2d::forward(const Var& x_in) {
   if (recording(x_in)) {
     Tape::current()->push(out, [x_in, out, n, c, h, w, oh, ow, lo, hi]() {
       profile::Scope prof("avgpool.bwd");
-      Tensor dy = grad_channels_last(out);
+      Tensor dy = grad_like_value(out);
       Tensor dx = Tensor::zeros({n, c, h, w}, DType::f32, Order::channels_last);
       const float* g = dy.data<float>();
       float* r = dx.data<float>();
@@ -834,7 +833,8 @@ Var Linear::forward(const Var& x_in) {
   Tensor y = Tensor::empty({n, out_});
   const DType ct = compute_type();
   const Tensor xc = ct == DType::f32 ? x : convert(x, ct);
-  tensor::matmul(xc, false, ct == DType::f32 ? w_->value : convert(w_->value, ct), true, y);
+  const Tensor wc = ct == DType::f32 ? w_->value : convert(w_->value, ct);  // backward reuses it
+  tensor::matmul(xc, false, wc, true, y);
   if (b_) {
     const float* b = b_->value.data<float>();
     float* d = y.data<float>();
@@ -845,7 +845,7 @@ Var Linear::forward(const Var& x_in) {
   if (Tape* tape = Tape::current()) {
     tape->use(*w_);
     if (b_) tape->use(*b_);
-    tape->push(out, [this, tape, x_in, out, xc, n, ct]() {
+    tape->push(out, [this, tape, x_in, out, xc, wc, n, ct]() {
       profile::Scope prof("linear.bwd");
       Tensor dy32 = out->grad.contiguous();
       const Tensor dy = ct == DType::f32 ? dy32 : convert(dy32, ct);
@@ -860,7 +860,7 @@ Var Linear::forward(const Var& x_in) {
       }
       if (x_in->requires_grad) {
         Tensor dx = Tensor::empty({n, in_});
-        tensor::matmul(dy, false, ct == DType::f32 ? w_->value : convert(w_->value, ct), false, dx);
+        tensor::matmul(dy, false, wc, false, dx);
         accumulate(*x_in, std::move(dx));
       }
     });
@@ -873,7 +873,7 @@ Var Dropout::forward(const Var& x) {
   COHORT_CHECK(p_ < 1.0f, "Dropout: p " << p_);
   const Tensor& v = x->value;
   COHORT_CHECK(v.is_dense(), "Dropout needs a dense tensor");
-  const Order order = v.is_channels_last() ? Order::channels_last : Order::contiguous;
+  const Order order = v.order();
   Tensor y = Tensor::empty(v.shape(), DType::f32, order);
   Tensor mask = Tensor::empty(v.shape(), DType::u8, order);
   CounterRng rng(key3(seed_, 0xd0, calls_++));
@@ -888,7 +888,7 @@ Var Dropout::forward(const Var& x) {
   Var out = constant(y);
   if (recording(x)) {
     Tape::current()->push(out, [x, out, mask, keep, order]() {
-      Tensor g = out->grad.strides() == out->value.strides() ? out->grad : out->grad.clone(order);
+      Tensor g = grad_like_value(out);
       Tensor dx = Tensor::empty(g.shape(), DType::f32, order);
       const uint8_t* m = mask.data<uint8_t>();
       const float* s = g.data<float>();
@@ -932,7 +932,7 @@ Var concat_channels(const std::vector<Var>& xs) {
   if (Tape::current() && any) {
     Tape::current()->push(out, [xs, out, c, pixels]() {
       profile::Scope prof("concat.bwd");
-      Tensor g = grad_channels_last(out);
+      Tensor g = grad_like_value(out);
       const float* s = g.data<float>();
       int64_t off = 0;
       for (const Var& x : xs) {

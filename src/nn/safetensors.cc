@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -87,8 +88,7 @@ void write_file_atomically(const std::string& path,
     COHORT_THROW("renaming " << tmp << " to " << path << ": " << errno_string(err));
   }
   // The rename itself must reach the disk.
-  std::string dir =
-      path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
+  std::string dir = std::filesystem::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {

@@ -138,13 +138,6 @@ void Allocator::release(Block* b) {
   }
 }
 
-void Allocator::empty_cache() {
-  std::lock_guard<std::mutex> lock(s_->mu);
-  for (auto& [bytes, p] : s_->free) std::free(p);
-  s_->free.clear();
-  s_->stats.cached = 0;
-}
-
 AllocatorStats Allocator::stats() const {
   std::lock_guard<std::mutex> lock(s_->mu);
   return s_->stats;

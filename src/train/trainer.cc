@@ -683,11 +683,12 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.peak_rss = peak_rss_bytes();
   r.threads = tensor::threads();
   if (!lead) return r;
+  const tensor::AllocatorStats mem = tensor::Allocator::cpu().stats();
   std::printf(
       "ms/step %.1f (min %.1f)  images/s %.2f%s  forward %.1f  backward %.1f  exposed "
-      "comm %.1f  optimizer %.1f ms  peak RSS %.0f MB\n",
+      "comm %.1f  optimizer %.1f ms  peak RSS %.0f MB (tensors at most %.0f MB)\n",
       r.ms_per_step, r.ms_min, r.images_per_s, job.world > 1 ? " (all ranks)" : "", r.ms_forward,
-      r.ms_backward, r.ms_comm_wait, r.ms_optimizer, r.peak_rss / 1e6);
+      r.ms_backward, r.ms_comm_wait, r.ms_optimizer, r.peak_rss / 1e6, mem.peak_in_use / 1e6);
   if (job.world > 1) {
     std::printf("ms/step per rank:");
     for (double v : per_rank) std::printf(" %.1f", v);
@@ -723,6 +724,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
                         {"ms_comm_wait", r.ms_comm_wait},
                         {"ms_optimizer", r.ms_optimizer},
                         {"peak_rss_bytes", r.peak_rss},
+                        {"peak_tensor_bytes", mem.peak_in_use},
                         {"split", split}};
     std::ofstream f(o.json);
     if (!f) COHORT_THROW("cannot write --json file '" << o.json << "'");

@@ -28,7 +28,6 @@ struct Bucket {
   size_t begin = 0, end = 0;  // element range of the flat gradient buffer
   std::vector<int> params;    // indices, in the order backward finishes them
   int pending = 0;
-  bool launched = false;
   comm::Work work;
   nn::Tensor wire;         // bf16/f16 copy on the wire when compressing
   double launched_at = 0;  // seconds since the step's backward began

@@ -28,16 +28,15 @@ struct Param {
   int pending = 0;     // uses recorded in this forward, not yet back-propagated
 };
 
+// An activation. Parameters are not nodes: the op that uses one adds to Param::grad itself.
 struct Node {
   Tensor value;
   Tensor grad;  // undefined until some gradient arrives
-  Param* param = nullptr;
   bool requires_grad = false;
 };
 using Var = std::shared_ptr<Node>;
 
-Var constant(Tensor t);  // an input: no gradient
-Var leaf(Param& p);      // a parameter: gradient accumulates into p.grad
+Var constant(Tensor t);  // an input, or an op's result
 
 class Tape {
  public:

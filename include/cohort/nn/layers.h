@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/core/clock.h"
 #include "cohort/nn/module.h"
 
 namespace cohort::nn {
@@ -153,7 +154,6 @@ class Dropout : public Module {
 void set_compute_type(DType t);
 DType compute_type();
 bool compute_type_supported(DType t);
-const char* dtype_name_of(DType t);
 
 // Functions without parameters.
 Var relu(const Var& x);
@@ -183,8 +183,9 @@ class Scope {
   ~Scope();
 
  private:
-  const char* op_;
-  double t0_ = 0;
+  const char* op_;  // a string literal: the table is keyed by its address
+  bool on_;         // profiling was on when the scope opened
+  Clock::time_point t0_;
 };
 }  // namespace profile
 

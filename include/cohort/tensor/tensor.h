@@ -48,7 +48,6 @@ class Allocator {
   static Allocator& cpu();
   std::shared_ptr<Block> allocate(size_t bytes);
   void release(Block* b);  // called by ~Block
-  void empty_cache();
   AllocatorStats stats() const;
 
  private:
@@ -83,6 +82,8 @@ class Tensor {
   bool is_channels_last() const;
   // Dense: the elements fill numel() consecutive slots in some order (either order above).
   bool is_dense() const { return is_contiguous() || is_channels_last(); }
+  // The order a copy of this tensor keeps (channels-last stays channels-last).
+  Order order() const { return is_channels_last() ? Order::channels_last : Order::contiguous; }
 
   void* raw() const { return static_cast<char*>(block_->ptr) + offset_; }
   template <class T>
