@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -13,35 +14,23 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "cohort/data/scans.h"
 #include "cohort/dist/checkpoint.h"
 #include "cohort/train/trainer.h"
+#include "testing/scans.h"
+#include "testing/temp_dir.h"
 
 namespace cohort::dist {
 namespace {
 
+using testing::TempDir;
+
 namespace fs = std::filesystem;
 
-struct TempDir {
-  TempDir() {
-    path = fs::temp_directory_path() / ("cohort-ckpt-" + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  fs::path path;
-};
-
 train::TrainConfig small_run(const TempDir& dir) {
-  data::ScanSetOptions s;
-  s.count = 96;
-  s.width = 24;
-  s.seed = 3;
-  s.out = dir.file("scans");
-  if (!fs::exists(s.out)) data::make_scans(s);
   train::TrainConfig c;
   c.model = "smallcnn";
-  c.data = s.out;
+  c.data = dir.file("scans");
+  if (!fs::exists(c.data)) testing::make_scan_set(c.data, 96, 24, 3);
   c.epochs = 3;
   c.batch = 16;
   c.image_size = 24;
@@ -130,6 +119,11 @@ TEST(Checkpoint, WriterKilledHalfWayLeavesThePreviousOneLoadable) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFSIGNALED(status)) << "the writer finished 200 checkpoints before the kill";
+  // The kill came in the middle of a write: its temporary file is still there.
+  bool partial = false;
+  for (const auto& e : fs::directory_iterator(ckpt))
+    partial |= e.path().filename().string().find(".tmp.") != std::string::npos;
+  EXPECT_TRUE(partial) << "the kill fell between two checkpoint writes";
   int written = 0;
   std::ifstream(dir.file("written")) >> written;
   ASSERT_GE(written, 1);
@@ -186,6 +180,7 @@ TEST(Launch, RankKilledDuringTrainingFailsTheJob) {
       " train --model smallcnn --data " + c.data +
       " --epochs 1000 --batch 8 --image-size 24 --log-every 1 > " + log + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<bool> killed{false};
   std::thread killer([&]() {
     // Once training runs, kill the rank whose RANK is 1.
     for (int i = 0; i < 600; ++i) {
@@ -203,7 +198,7 @@ TEST(Launch, RankKilledDuringTrainingFailsTheJob) {
             std::string(1, '\0') +
             std::string((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
         if (vars.find(std::string("\0RANK=1\0", 8)) == std::string::npos) continue;
-        ::kill(std::stoi(e.path().filename()), SIGKILL);
+        killed = ::kill(std::stoi(e.path().filename()), SIGKILL) == 0;
         return;
       }
     }
@@ -213,6 +208,7 @@ TEST(Launch, RankKilledDuringTrainingFailsTheJob) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::ifstream in(log);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(killed) << "rank 1 was never found to kill:\n" << text;
   EXPECT_NE(rc, 0) << text;
   EXPECT_NE(text.find("rank 1"), std::string::npos) << text;
   EXPECT_NE(text.find("SIGKILL"), std::string::npos) << text;

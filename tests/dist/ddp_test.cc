@@ -9,13 +9,14 @@
 #include <cstring>
 #include <filesystem>
 
-#include "cohort/data/scans.h"
 #include "cohort/dist/ddp.h"
 #include "cohort/nn/init.h"
 #include "cohort/nn/layers.h"
 #include "cohort/nn/model.h"
 #include "cohort/train/trainer.h"
 #include "testing/ranks.h"
+#include "testing/scans.h"
+#include "testing/temp_dir.h"
 
 namespace cohort::dist {
 namespace {
@@ -163,12 +164,9 @@ TEST(Ddp, FirstBucketGoesOutBeforeBackwardEnds) {
 
 // Validation sharded over 3 ranks gives the figures of one rank over the whole set.
 TEST(Ddp, ShardedValidationEqualsOneRank) {
-  const std::string dir = "/tmp/cohort-val-" + std::to_string(::getpid());
-  data::ScanSetOptions s;
-  s.count = 50;  // not a multiple of 3 x batch: padding and a short last batch
-  s.width = 24;
-  s.out = dir;
-  data::make_scans(s);
+  testing::TempDir tmp("cohort-val");
+  // 50: not a multiple of 3 x batch, so padding and a short last batch.
+  const std::string dir = testing::make_scan_set(tmp.file("scans"), 50, 24);
   auto options = [](int world, int rank) {
     data::PipelineOptions po;
     po.batch = 4;
@@ -194,7 +192,6 @@ TEST(Ddp, ShardedValidationEqualsOneRank) {
             "sharded " << r.loss << "/" << r.accuracy << "/" << r.auc << " vs " << one.loss << "/"
                        << one.accuracy << "/" << one.auc);
   });
-  std::filesystem::remove_all(dir);
   testing::expect_all_ok(rs);
 }
 

@@ -12,22 +12,15 @@
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
 #include "cohort/nn/safetensors.h"
+#include "testing/temp_dir.h"
 
 namespace cohort::nn {
 namespace {
 
+using testing::TempDir;
+
 namespace fs = std::filesystem;
 using tensor::Order;
-
-struct TempDir {
-  TempDir() {
-    path = fs::temp_directory_path() / ("cohort-nn-" + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  fs::path path;
-};
 
 Tensor random(const Shape& s, uint64_t seed) {
   Tensor t = Tensor::empty(s);

@@ -7,26 +7,19 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "cohort/data/scans.h"
 #include "cohort/nn/safetensors.h"
 #include "cohort/train/config.h"
 #include "cohort/train/metrics.h"
 #include "cohort/train/trainer.h"
+#include "testing/scans.h"
+#include "testing/temp_dir.h"
 
 namespace cohort::train {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::TempDir;
 
-struct TempDir {
-  TempDir() {
-    path = fs::temp_directory_path() / ("cohort-train-" + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  fs::path path;
-};
+namespace fs = std::filesystem;
 
 void write(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
@@ -98,21 +91,10 @@ TEST(Config, BadFilesAndValuesNameTheProblem) {
 // accuracy on held-out scans within a bounded number of steps.
 TEST(Training, SmallCnnLearnsLesionsOnSyntheticScans) {
   TempDir dir;
-  data::ScanSetOptions s;
-  s.count = 640;
-  s.width = 48;
-  s.lesion_fraction = 0.5;
-  s.seed = 1;
-  s.out = dir.file("train");
-  data::make_scans(s);
-  s.count = 200;
-  s.seed = 2;
-  s.out = dir.file("val");
-  data::make_scans(s);
   TrainConfig c;
   c.model = "smallcnn";
-  c.data = dir.file("train");
-  c.val = dir.file("val");
+  c.data = testing::make_scan_set(dir.file("train"), 640, 48, 1, 0.5);
+  c.val = testing::make_scan_set(dir.file("val"), 200, 48, 2, 0.5);
   c.epochs = 12;
   c.batch = 32;
   c.optimizer = "adamw";
@@ -143,14 +125,9 @@ TEST(Training, SmallCnnLearnsLesionsOnSyntheticScans) {
 // scale backs off until steps go through, and training ends with a finite loss.
 TEST(Training, F16DynamicLossScalingSkipsOverflowingSteps) {
   TempDir dir;
-  data::ScanSetOptions s;
-  s.count = 64;
-  s.width = 24;
-  s.out = dir.file("scans");
-  data::make_scans(s);
   TrainConfig c;
   c.model = "smallcnn";
-  c.data = s.out;
+  c.data = testing::make_scan_set(dir.file("scans"), 64, 24);
   c.epochs = 3;
   c.batch = 16;
   c.image_size = 24;
@@ -172,12 +149,7 @@ TEST(Training, BadInputGivesClearErrors) {
   TrainConfig c;
   c.data = dir.file("nothing-here");
   EXPECT_NE(error_of([&] { run_training(c); }).find("nothing-here"), std::string::npos);
-  data::ScanSetOptions s;
-  s.count = 8;
-  s.width = 16;
-  s.out = dir.file("tiny");
-  data::make_scans(s);
-  c.data = s.out;
+  c.data = testing::make_scan_set(dir.file("tiny"), 8, 16);
   c.model = "resnet9";
   EXPECT_NE(error_of([&] { run_training(c); }).find("unknown model 'resnet9'"), std::string::npos);
   c.model = "smallcnn";
@@ -194,12 +166,8 @@ TEST(Cli, TrainFromTomlConfigWithAFlagOverride) {
   const char* bin = std::getenv("COHORT_BIN");
   ASSERT_NE(bin, nullptr);
   TempDir dir;
-  data::ScanSetOptions s;
-  s.count = 64;
-  s.width = 32;
-  s.out = dir.file("scans");
-  data::make_scans(s);
-  write(dir.file("run.toml"), "model = \"smallcnn\"\ndata = \"" + s.out +
+  const std::string scans = testing::make_scan_set(dir.file("scans"), 64, 32);
+  write(dir.file("run.toml"), "model = \"smallcnn\"\ndata = \"" + scans +
                                   "\"\nbatch = 16\nepochs = 5\nimage-size = 32\nlog-every = 2\n"
                                   "optimizer = \"sgd\"\nlr = 0.05\n");
   const std::string cmd = std::string(bin) + " train --config " + dir.file("run.toml") +
@@ -214,7 +182,7 @@ TEST(Cli, TrainFromTomlConfigWithAFlagOverride) {
   nlohmann::json log = nlohmann::json::parse(std::ifstream(dir.file("log.json")));
   EXPECT_EQ(log["config"]["epochs"], "2");
   EXPECT_EQ(log["config"]["batch"], "16");
-  const std::string bad = std::string(bin) + " train --model smallcnn --data " + s.out +
+  const std::string bad = std::string(bin) + " train --model smallcnn --data " + scans +
                           " --optimizer adam > " + dir.file("bad.txt") + " 2>&1";
   EXPECT_NE(std::system(bad.c_str()), 0);
 }
