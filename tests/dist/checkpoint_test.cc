@@ -110,20 +110,24 @@ TEST(Checkpoint, WriterKilledHalfWayLeavesThePreviousOneLoadable) {
     }
     ::_exit(0);
   }
-  // Kill it after its first checkpoint, in the middle of a later one.
+  // Kill it after its first checkpoint has been written...
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!fs::exists(dir.file("written")) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  // ... at a moment when the next one's temporary file exists, i.e. mid-write.
+  auto writing = [&]() {
+    for (const auto& e : fs::directory_iterator(ckpt))
+      if (e.path().filename().string().find(".tmp.") != std::string::npos) return true;
+    return false;
+  };
+  while (!writing() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ::kill(pid, SIGKILL);
   int status = 0;
   ::waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFSIGNALED(status)) << "the writer finished 200 checkpoints before the kill";
   // The kill came in the middle of a write: its temporary file is still there.
-  bool partial = false;
-  for (const auto& e : fs::directory_iterator(ckpt))
-    partial |= e.path().filename().string().find(".tmp.") != std::string::npos;
-  EXPECT_TRUE(partial) << "the kill fell between two checkpoint writes";
+  EXPECT_TRUE(writing()) << "the kill fell between two checkpoint writes";
   int written = 0;
   std::ifstream(dir.file("written")) >> written;
   ASSERT_GE(written, 1);
