@@ -28,32 +28,26 @@ namespace cohort::comm {
 // ---------------------------------------------------------------- Work
 class WorkState {
  public:
-  std::mutex mu;
-  std::condition_variable cv;
-  std::atomic<bool> ready{false};
-  std::atomic<int> waiters{0};              // completion notifies only when someone sleeps on cv
+  // 0 until finished; waited on with C++20's atomic wait (a futex), which costs nothing at
+  // completion when nobody sleeps: no mutex or condition variable to build per call.
+  std::atomic<int> ready{0};
   std::weak_ptr<detail::NativeComm> owner;  // whose queue wait() may help to drain
-  std::exception_ptr error;
-  const char* algo = "";  // a static name
+  std::exception_ptr error;                 // written before `ready`
+  const char* algo = "";                    // a static name
 };
 
 void Work::wait() {
   if (!s_) return;
   // Run queued collectives on this thread when the progress thread is not busy with them.
-  if (!s_->ready.load()) {
+  if (!s_->ready.load(std::memory_order_acquire)) {
     if (auto c = s_->owner.lock()) {
-      while (!s_->ready.load()) {
+      while (!s_->ready.load(std::memory_order_acquire)) {
         if (!c->help(s_->ready)) break;
       }
     }
   }
-  if (!s_->ready.load()) {
-    std::unique_lock<std::mutex> lock(s_->mu);
-    s_->waiters.fetch_add(1);
-    s_->cv.wait(lock, [&] { return s_->ready.load(); });
-    s_->waiters.fetch_sub(1);
-  }
-  if (s_->error) std::rethrow_exception(s_->error);  // written before `ready` was set
+  while (!s_->ready.load(std::memory_order_acquire)) s_->ready.wait(0, std::memory_order_acquire);
+  if (s_->error) std::rethrow_exception(s_->error);
 }
 
 bool Work::test() {
@@ -556,12 +550,18 @@ Work NativeComm::submit(Task task) {
     std::lock_guard<std::mutex> lock(mu_);
     w->owner = weak_from_this();
     queue_.push_back(std::move(task));
+    ++submitted_;
   }
-  // A progress thread that has been idle for a while sleeps long: wake it. One that ran work
-  // recently polls often enough by itself, and waking it for every call would cost a system
-  // call and a context switch each time.
-  if (!callers_run_ || poll_us_.load(std::memory_order_relaxed) >= kWakeAboveUs) cv_.notify_one();
-  return Work(w);
+  // A progress thread that has been idle for a while sleeps long: wake it, unless waiting
+  // callers have been running the calls themselves; then it polls often enough
+  // (kCallerPollUs) for a call nobody waits for. A wake-up costs a system call and a thread
+  // that takes a core from a rank for nothing: a third of a small blocking allreduce on a
+  // 2-core machine. One that ran work recently polls often enough by itself.
+  // callers_ran_ is read after the push: the progress thread clears it under mu_ only when it
+  // found the queue empty, so either it sees this task or this sees the flag cleared.
+  const bool asleep = poll_us_.load(std::memory_order_relaxed) >= kWakeAboveUs;
+  if (!callers_run_ || (asleep && !callers_ran_.load(std::memory_order_relaxed))) cv_.notify_one();
+  return Work(std::move(w));
 }
 
 // Tasks run in issue order, one at a time, by whoever holds run_mu_: the progress thread, or a
@@ -607,23 +607,21 @@ bool NativeComm::run_next() {
       err = std::current_exception();
     }
   }
-  // Publish, then wake a sleeper if there is one: a waiter counts itself before it checks
-  // `ready` under the lock, and both sides use sequentially consistent operations, so one of
-  // them always sees the other.
+  // Publish, then wake sleepers (the library's notify skips the system call when none sleeps).
   t.work->error = err;
-  t.work->ready.store(true);
-  if (t.work->waiters.load() > 0) {
-    { std::lock_guard<std::mutex> lock(t.work->mu); }
-    t.work->cv.notify_all();
-  }
+  t.work->ready.store(1, std::memory_order_release);
+  t.work->ready.notify_all();
   return true;
 }
 
-bool NativeComm::help(const std::atomic<bool>& ready) {
+bool NativeComm::help(const std::atomic<int>& ready) {
   if (!callers_run_) return false;
   std::unique_lock<std::mutex> run(run_mu_, std::try_to_lock);
   if (!run.owns_lock()) return false;
-  while (!ready.load(std::memory_order_acquire) && run_next()) {
+  bool ran = false;
+  while (!ready.load(std::memory_order_acquire) && run_next()) ran = true;
+  if (ran && !callers_ran_.load(std::memory_order_relaxed)) {
+    callers_ran_.store(true, std::memory_order_relaxed);
   }
   return true;
 }
@@ -631,9 +629,12 @@ bool NativeComm::help(const std::atomic<bool>& ready) {
 void NativeComm::progress_loop() {
   int poll_us = kMinPollUs;
   bool caller_busy = false;  // a caller held the queue last time we looked
+  uint64_t seen = 0;         // submitted_ when we last found the queue empty
+  int quiet_us = 0;          // how long no call was submitted while callers ran them
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
+      if (callers_ran_.load(std::memory_order_relaxed)) poll_us = std::min(poll_us, kCallerPollUs);
       poll_us_.store(poll_us, std::memory_order_relaxed);
       if (!callers_run_) {
         cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -646,6 +647,10 @@ void NativeComm::progress_loop() {
       if (queue_.empty() && stopping_) return;
       if (queue_.empty()) {
         caller_busy = false;
+        // Callers that stopped calling: sleep long again, and let the next call wake us.
+        quiet_us = submitted_ == seen ? quiet_us + poll_us : 0;
+        seen = submitted_;
+        if (quiet_us > kCallerQuietUs) callers_ran_.store(false, std::memory_order_relaxed);
         poll_us = std::min(poll_us * 2, kMaxPollUs);  // idle: back off
         continue;
       }
@@ -660,8 +665,10 @@ void NativeComm::progress_loop() {
     }
     caller_busy = false;
     poll_us = kMinPollUs;
-    while (run_next()) {
-    }
+    bool ran = false;
+    while (run_next()) ran = true;
+    // Calls nobody waited for: wake-ups on submit are worth their cost again.
+    if (ran) callers_ran_.store(false, std::memory_order_relaxed);
   }
 }
 
@@ -1158,7 +1165,7 @@ std::shared_ptr<Communicator> init(const InitOptions& opt) {
 namespace cohort::comm {
 Work make_done_work(const char* algo) {
   auto s = std::make_shared<WorkState>();
-  s->ready.store(true);
+  s->ready.store(1);
   s->algo = algo;
   return Work(s);
 }

@@ -90,7 +90,7 @@ class NativeComm final : public Communicator,
   void probe_links();
   // Runs queued tasks on the calling thread until `ready` or the queue is empty; false when
   // another thread is running them.
-  bool help(const std::atomic<bool>& ready);
+  bool help(const std::atomic<int>& ready);
 
  private:
   // A queued call: plain arguments rather than a closure, so that issuing one allocates only
@@ -147,12 +147,16 @@ class NativeComm final : public Communicator,
   std::condition_variable cv_;
   std::deque<Task> queue_;
   // The progress thread polls the queue every poll_us_, from kMinPollUs when busy to kMaxPollUs
-  // when idle; calls wake it only when it sleeps longer than kWakeAboveUs.
+  // when idle; calls wake it only when it sleeps longer than kWakeAboveUs. While waiting
+  // callers run the calls themselves (callers_ran_), it polls at least every kCallerPollUs and
+  // calls do not wake it, until none came for kCallerQuietUs.
   static constexpr int kMinPollUs = 100, kMaxPollUs = 20000, kWakeAboveUs = 400;
+  static constexpr int kCallerPollUs = 1000, kCallerQuietUs = 50000;
   std::atomic<int> poll_us_{kMaxPollUs};
-  bool callers_run_ = true;
-  bool probed_ = false;  // topo_'s link figures were measured  // Work::wait() may run queued tasks
-                         // (set once at construction)
+  std::atomic<bool> callers_ran_{false};
+  uint64_t submitted_ = 0;   // calls submitted; guarded by mu_
+  bool callers_run_ = true;  // Work::wait() may run queued tasks (set once at construction)
+  bool probed_ = false;      // topo_'s link figures were measured
   bool stopping_ = false;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;  // guarded by mu_
