@@ -129,6 +129,16 @@ void ring_reduce_scatter(Engine& e, const Group& g, const uint8_t* in, uint8_t* 
                          int shift = 0);
 // Ring allgather of the blocks of buf; this rank starts holding block `have`.
 void ring_allgather(Engine& e, const Group& g, uint8_t* buf, size_t count, int have);
+// Step s (0 .. n-2) of each, as its one send and one receive, for schedules that run several
+// rings at once (the pipelined hierarchical allreduce).
+struct RingStep {
+  SendOp send;
+  RecvOp recv;
+};
+RingStep ring_reduce_scatter_step(const Engine& e, const Group& g, const uint8_t* in, uint8_t* out,
+                                  size_t count, int s, int shift = 0);
+RingStep ring_allgather_step(const Engine& e, const Group& g, uint8_t* buf, size_t count, int have,
+                             int s);
 void recursive_doubling_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t count);
 void rabenseifner_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t count);
 void tree_broadcast(Engine& e, const Group& g, uint8_t* buf, size_t bytes, int root_index);

@@ -332,6 +332,35 @@ TEST(Comm, TwoEmulatedHostsUseHierarchicalAllreduce) {
       o));
 }
 
+// The pipelined hierarchical allreduce (large messages): chunks of 64 KiB, so that a few MiB run
+// through many ticks in which chunks in different phases share one exchange; hosts of one, two
+// and three ranks, two and three hosts, uneven sizes, in place and out of place.
+TEST(Comm, PipelinedHierarchicalAllreduceOnEveryHostShape) {
+  struct Shape {
+    int hosts, per_host;
+  };
+  for (Shape sh : {Shape{2, 2}, Shape{2, 1}, Shape{3, 2}, Shape{2, 3}}) {
+    SCOPED_TRACE(std::to_string(sh.hosts) + " hosts x " + std::to_string(sh.per_host));
+    RunOptions o;
+    o.ranks_per_host = sh.per_host;
+    o.env["COHORT_TIMEOUT"] = "60";
+    o.env["COHORT_HIER_CHUNK"] = "65536";
+    const int world = sh.hosts * sh.per_host;
+    expect_all_ok(run_ranks(
+        world,
+        [sh](int) {
+          auto c = init();
+          REQUIRE(c->num_hosts() == sh.hosts, "hosts " << c->num_hosts());
+          for (size_t count : {size_t(1u << 20) + 7, size_t(3u << 20) + 1}) {
+            check_reductions(*c, DataType::f32, RedOp::sum, count, false, Algo::hierarchical);
+            check_reductions(*c, DataType::i32, RedOp::max, count, true, Algo::hierarchical);
+          }
+          check_reductions(*c, DataType::bf16, RedOp::sum, 5u << 20, false, Algo::hierarchical);
+        },
+        o));
+  }
+}
+
 TEST(Comm, ManyCallsInFlight) {
   expect_all_ok(run_ranks(3, [](int) {
     auto c = init();

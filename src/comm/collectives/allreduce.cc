@@ -1,6 +1,8 @@
 // allreduce: ring (bandwidth), recursive doubling (latency), Rabenseifner's halving-doubling
 // (both), and hierarchical (inside hosts over shared memory, across hosts over the network).
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "../engine.h"
 #include "cohort/comm/reduce.h"
@@ -10,6 +12,12 @@
 namespace cohort::comm::detail {
 
 namespace {
+
+// Hierarchical allreduces this large run pipelined, in chunks of about kPipelineChunkBytes
+// (COHORT_HIER_CHUNK): small enough that filling and draining the pipeline costs little, large
+// enough that each step's messages keep a network link at full rate.
+constexpr size_t kPipelineMinBytes = 4u << 20;
+constexpr size_t kPipelineChunkBytes = 2u << 20;
 
 int pow2_floor(int n) {
   int p = 1;
@@ -101,6 +109,54 @@ void rabenseifner_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t coun
   fold_out(e, g, buf, count * es, p);
 }
 
+// The hierarchical allreduce in chunks, as a software pipeline: while chunk c crosses between
+// hosts, chunk c+1 is reduced inside each host and chunk c-1 shared inside it, so the links
+// between hosts stay busy from the first chunk to the last instead of idling during the two
+// shared-memory phases. Each chunk runs the same steps as the unpipelined algorithm (local ring
+// reduce-scatter, ring reduce-scatter and allgather across hosts of this rank's block, local
+// ring allgather); at tick t, chunk c runs its step t - c, so the steps of one exchange touch
+// disjoint chunks, and every rank adds them in the same order, which keeps each link's stream
+// of messages the same on both ends.
+void pipelined_hierarchical_allreduce(Engine& e, const uint8_t* in, uint8_t* out, size_t count) {
+  const Group& lg = e.local();
+  const Group& cg = e.cross();
+  const int L = lg.size(), H = cg.size();
+  const size_t es = e.esize();
+  static const size_t chunk_bytes =
+      static_cast<size_t>(env::int_or("COHORT_HIER_CHUNK", kPipelineChunkBytes));
+  const int chunks =
+      static_cast<int>(std::clamp<size_t>(count * es / std::max<size_t>(chunk_bytes, 1), 1, 256));
+  const int steps = 2 * (L - 1) + 2 * (H - 1);
+  const int blk = (lg.me + 1) % L;  // the block of each chunk this rank reduces across hosts
+  // With one rank per host there is no local reduce-scatter to bring `in` into `out`.
+  if (L == 1 && in != out) std::memcpy(out, in, count * es);
+  std::vector<SendOp> sends;
+  std::vector<RecvOp> recvs;
+  for (int t = 0; t < chunks + steps - 1; ++t) {
+    sends.clear();
+    recvs.clear();
+    for (int c = std::max(0, t - steps + 1); c <= std::min(chunks - 1, t); ++c) {
+      const size_t off = block_offset(count, chunks, c) * es, n = block_count(count, chunks, c);
+      uint8_t* part = out + off + block_offset(n, L, blk) * es;
+      const size_t pn = block_count(n, L, blk);
+      int s = t - c;
+      RingStep st;
+      if (s < L - 1) {
+        st = ring_reduce_scatter_step(e, lg, in + off, out + off, n, s);
+      } else if ((s -= L - 1) < H - 1) {
+        st = ring_reduce_scatter_step(e, cg, part, part, pn, s);
+      } else if ((s -= H - 1) < H - 1) {
+        st = ring_allgather_step(e, cg, part, pn, (cg.me + 1) % H, s);
+      } else {
+        st = ring_allgather_step(e, lg, out + off, n, blk, s - (H - 1));
+      }
+      sends.push_back(st.send);
+      recvs.push_back(st.recv);
+    }
+    e.exchange(sends, recvs);
+  }
+}
+
 void allreduce(Engine& e, const void* in_v, void* out_v, size_t count, Algo algo) {
   auto* in = static_cast<const uint8_t*>(in_v);
   auto* out = static_cast<uint8_t*>(out_v);
@@ -126,27 +182,32 @@ void allreduce(Engine& e, const void* in_v, void* out_v, size_t count, Algo algo
       }
       break;
     }
-    case Algo::hierarchical: {
-      const Group& lg = e.local();
-      const Group& cg = e.cross();
-      ring_reduce_scatter(e, lg, in, out, count);
-      const int blk = (lg.me + 1) % lg.size();
-      const size_t bo = block_offset(count, lg.size(), blk),
-                   bc = block_count(count, lg.size(), blk);
-      const size_t bb = bc * e.esize();
-      uint8_t* part = out + bo * e.esize();
-      // Across hosts every local rank moves its own 1/L of the data at once.
-      Topology across = Topology::uniform(cg.size(), 1);
-      across.net = e.topology().net;
-      if (choose(Collective::allreduce, across, bb) == Algo::ring) {
-        ring_reduce_scatter(e, cg, part, part, bc);
-        ring_allgather(e, cg, part, bc, (cg.me + 1) % cg.size());
-      } else {
-        recursive_doubling_allreduce(e, cg, part, bc);
+    case Algo::hierarchical:
+      if (bytes >= kPipelineMinBytes) {
+        pipelined_hierarchical_allreduce(e, in, out, count);
+        break;
       }
-      ring_allgather(e, lg, out, count, blk);
+      {
+        const Group& lg = e.local();
+        const Group& cg = e.cross();
+        ring_reduce_scatter(e, lg, in, out, count);
+        const int blk = (lg.me + 1) % lg.size();
+        const size_t bo = block_offset(count, lg.size(), blk),
+                     bc = block_count(count, lg.size(), blk);
+        const size_t bb = bc * e.esize();
+        uint8_t* part = out + bo * e.esize();
+        // Across hosts every local rank moves its own 1/L of the data at once.
+        Topology across = Topology::uniform(cg.size(), 1);
+        across.net = e.topology().net;
+        if (choose(Collective::allreduce, across, bb) == Algo::ring) {
+          ring_reduce_scatter(e, cg, part, part, bc);
+          ring_allgather(e, cg, part, bc, (cg.me + 1) % cg.size());
+        } else {
+          recursive_doubling_allreduce(e, cg, part, bc);
+        }
+        ring_allgather(e, lg, out, count, blk);
+      }
       break;
-    }
     case Algo::recursive_doubling:
     case Algo::tree:
       if (in != out) std::memcpy(out, in, bytes);

@@ -6,38 +6,45 @@
 
 namespace cohort::comm::detail {
 
+RingStep ring_reduce_scatter_step(const Engine& e, const Group& g, const uint8_t* in, uint8_t* out,
+                                  size_t count, int s, int shift) {
+  const int n = g.size(), me = g.me;
+  const size_t es = e.esize();
+  const int sb = ((me - s - shift) % n + n) % n;
+  const int rb = ((me - s - 1 - shift) % n + n) % n;
+  const uint8_t* src = s == 0 ? in : out;
+  const size_t so = block_offset(count, n, sb) * es, sl = block_count(count, n, sb) * es;
+  const size_t ro = block_offset(count, n, rb) * es, rl = block_count(count, n, rb) * es;
+  return {{g.at((me + 1) % n), src + so, sl}, {g.at((me - 1 + n) % n), out + ro, rl, in + ro}};
+}
+
+RingStep ring_allgather_step(const Engine& e, const Group& g, uint8_t* buf, size_t count, int have,
+                             int s) {
+  const int n = g.size(), me = g.me;
+  const size_t es = e.esize();
+  const int sb = (have - s + n) % n;
+  const int rb = (have - s - 1 + n) % n;
+  const size_t so = block_offset(count, n, sb) * es, sl = block_count(count, n, sb) * es;
+  const size_t ro = block_offset(count, n, rb) * es, rl = block_count(count, n, rb) * es;
+  return {{g.at((me + 1) % n), buf + so, sl}, {g.at((me - 1 + n) % n), buf + ro, rl}};
+}
+
 void ring_reduce_scatter(Engine& e, const Group& g, const uint8_t* in, uint8_t* out, size_t count,
                          int shift) {
-  const int n = g.size();
-  const size_t es = e.esize();
-  if (n == 1) {
-    if (in != out) std::memcpy(out, in, count * es);
+  if (g.size() == 1) {
+    if (in != out) std::memcpy(out, in, count * e.esize());
     return;
   }
-  const int me = g.me;
-  const int next = g.at((me + 1) % n), prev = g.at((me - 1 + n) % n);
-  for (int s = 0; s < n - 1; ++s) {
-    const int sb = ((me - s - shift) % n + n) % n;
-    const int rb = ((me - s - 1 - shift) % n + n) % n;
-    const uint8_t* src = s == 0 ? in : out;
-    const size_t so = block_offset(count, n, sb) * es, sl = block_count(count, n, sb) * es;
-    const size_t ro = block_offset(count, n, rb) * es, rl = block_count(count, n, rb) * es;
-    e.exchange({{next, src + so, sl}}, {{prev, out + ro, rl, in + ro}});
+  for (int s = 0; s < g.size() - 1; ++s) {
+    const RingStep st = ring_reduce_scatter_step(e, g, in, out, count, s, shift);
+    e.exchange({st.send}, {st.recv});
   }
 }
 
 void ring_allgather(Engine& e, const Group& g, uint8_t* buf, size_t count, int have) {
-  const int n = g.size();
-  if (n == 1) return;
-  const size_t es = e.esize();
-  const int me = g.me;
-  const int next = g.at((me + 1) % n), prev = g.at((me - 1 + n) % n);
-  for (int s = 0; s < n - 1; ++s) {
-    const int sb = (have - s + n) % n;
-    const int rb = (have - s - 1 + n) % n;
-    const size_t so = block_offset(count, n, sb) * es, sl = block_count(count, n, sb) * es;
-    const size_t ro = block_offset(count, n, rb) * es, rl = block_count(count, n, rb) * es;
-    e.exchange({{next, buf + so, sl}}, {{prev, buf + ro, rl}});
+  for (int s = 0; s < g.size() - 1; ++s) {
+    const RingStep st = ring_allgather_step(e, g, buf, count, have, s);
+    e.exchange({st.send}, {st.recv});
   }
 }
 
