@@ -13,11 +13,10 @@ namespace cohort::comm::detail {
 
 namespace {
 
-// Hierarchical allreduces this large run pipelined, in chunks of about kPipelineChunkBytes
+// Hierarchical allreduces this large run pipelined, in chunks of about 2 MiB
 // (COHORT_HIER_CHUNK): small enough that filling and draining the pipeline costs little, large
 // enough that each step's messages keep a network link at full rate.
 constexpr size_t kPipelineMinBytes = 4u << 20;
-constexpr size_t kPipelineChunkBytes = 2u << 20;
 
 int pow2_floor(int n) {
   int p = 1;
@@ -122,8 +121,7 @@ void pipelined_hierarchical_allreduce(Engine& e, const uint8_t* in, uint8_t* out
   const Group& cg = e.cross();
   const int L = lg.size(), H = cg.size();
   const size_t es = e.esize();
-  static const size_t chunk_bytes =
-      static_cast<size_t>(env::int_or("COHORT_HIER_CHUNK", kPipelineChunkBytes));
+  static const size_t chunk_bytes = env::parse_bytes(env::get_or("COHORT_HIER_CHUNK", "2M"));
   const int chunks =
       static_cast<int>(std::clamp<size_t>(count * es / std::max<size_t>(chunk_bytes, 1), 1, 256));
   const int steps = 2 * (L - 1) + 2 * (H - 1);
@@ -170,8 +168,7 @@ void allreduce(Engine& e, const void* in_v, void* out_v, size_t count, Algo algo
       // Large buffers go round the ring in slices, so that what the allgather sends was
       // reduced moments ago and is still in cache instead of being read back from memory.
       const Group& g = e.world();
-      static const size_t slice_bytes =
-          static_cast<size_t>(env::int_or("COHORT_RING_SLICE", 4 << 20));
+      static const size_t slice_bytes = env::parse_bytes(env::get_or("COHORT_RING_SLICE", "4M"));
       const size_t per = std::max<size_t>(1, slice_bytes / e.esize()) * g.size();
       for (size_t off = 0; off < count || off == 0; off += per) {
         const size_t n = std::min(per, count - off);
