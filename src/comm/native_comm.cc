@@ -443,6 +443,13 @@ std::string NativeComm::topology_report() const {
     o << " " << p << "=" << (lanes.empty() ? "none" : lanes[0]->kind());
     if (lanes.size() > 1) o << "x" << lanes.size();
   }
+#ifdef COHORT_HAVE_UCX
+  const std::vector<std::string> rdma = ucx_rdma_devices();
+  o << "\nRDMA devices (UCX):";
+  for (const auto& d : rdma) o << " " << d;
+  if (rdma.empty()) o << " none";
+  if (settings_.ucx_remote) o << " (UCX between hosts)";
+#endif
   o << "\nlinks (" << (probed_ ? "measured" : "model defaults") << "): shm " << topo_.shm.latency_us
     << " us, " << topo_.shm.gbytes_per_s << " GB/s; network " << topo_.net.latency_us << " us, "
     << topo_.net.gbytes_per_s << " GB/s\n";

@@ -4,9 +4,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
+#include <filesystem>
+
+#include "../../src/comm/transport/ucx/ucx_transport.h"
 #include "cohort/comm/communicator.h"
 #include "cohort/core/error.h"
 #include "testing/ranks.h"
@@ -54,6 +58,24 @@ void collectives(int rank) {
   for (int i = 0; i < n; ++i)
     REQUIRE(recv[static_cast<size_t>(i * 5)] == i * 100 + rank, "alltoall");
   c->barrier().wait();
+}
+
+// What UCX reports is what the kernel has: an RDMA device appears under /sys/class/infiniband
+// for InfiniBand and RoCE alike; UCX must name one exactly when the kernel lists one.
+TEST(Ucx, RdmaDevicesAreTheKernelsOnes) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> kernel;
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator("/sys/class/infiniband", ec)) {
+    kernel.push_back(d.path().filename().string());
+  }
+  const std::vector<std::string> ucx = ucx_rdma_devices();
+  EXPECT_EQ(ucx.empty(), kernel.empty())
+      << "UCX lists " << ucx.size() << ", the kernel " << kernel.size() << " RDMA devices";
+  for (const auto& name : ucx) {
+    EXPECT_NE(std::find(kernel.begin(), kernel.end(), name), kernel.end()) << name;
+  }
+  EXPECT_EQ(ucx_has_rdma(), !ucx.empty());
 }
 
 TEST(Ucx, EveryCollectiveOverUcxTcp) {

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -9,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -344,10 +344,29 @@ std::map<int, std::unique_ptr<Link>> connect_ucx_peers(Store& store, const UcxOp
   return links;
 }
 
+std::vector<std::string> ucx_rdma_devices() {
+  // UCX's own view, through its transport layer: the InfiniBand component lists one memory
+  // domain per RDMA device (InfiniBand or RoCE) that its verbs library can open.
+  std::vector<std::string> names;
+  uct_component_h* comps = nullptr;
+  unsigned n = 0;
+  if (uct_query_components(&comps, &n) != UCS_OK) return names;
+  for (unsigned i = 0; i < n; ++i) {
+    uct_component_attr_t a{};
+    a.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME | UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+    if (uct_component_query(comps[i], &a) != UCS_OK || std::strcmp(a.name, "ib") != 0) continue;
+    std::vector<uct_md_resource_desc_t> mds(a.md_resource_count);
+    a.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+    a.md_resources = mds.data();
+    if (mds.empty() || uct_component_query(comps[i], &a) != UCS_OK) continue;
+    for (const auto& md : mds) names.emplace_back(md.md_name);
+  }
+  uct_release_component_list(comps);
+  return names;
+}
+
 bool ucx_has_rdma() {
-  std::error_code ec;
-  const std::filesystem::path ib("/sys/class/infiniband");
-  return std::filesystem::exists(ib, ec) && !std::filesystem::is_empty(ib, ec);
+  return !ucx_rdma_devices().empty();
 }
 
 }  // namespace cohort::comm

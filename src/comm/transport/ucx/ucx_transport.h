@@ -1,5 +1,5 @@
-// UCX transport: InfiniBand and RoCE through RDMA (and, with a CUDA-enabled UCX, GPU memory
-// through GPUDirect RDMA), or UCX's own tcp and shared-memory transports, chosen by UCX_TLS.
+// UCX transport: InfiniBand and RoCE through RDMA, or UCX's own tcp and shared-memory
+// transports, chosen by UCX_TLS. Host memory only: the engine does not take device buffers.
 // The same Link interface as shm and tcp: each direction of a link is a sequence of tag
 // messages (tag: communicator, sender, receiver), which UCX delivers in order; the sender copies
 // into a few staging chunks in flight, the receiver keeps receives posted into its own chunks
@@ -35,7 +35,8 @@ std::map<int, std::unique_ptr<Link>> connect_ucx_peers(Store& store, const UcxOp
                                                        const PeerDesc& me,
                                                        const std::vector<PeerDesc>& peers);
 
-// True when UCX finds an RDMA-capable device (InfiniBand or RoCE) on this host.
+// The RDMA devices (InfiniBand or RoCE) UCX can use on this host, by name (mlx5_0, ...).
+std::vector<std::string> ucx_rdma_devices();
 bool ucx_has_rdma();
 
 }  // namespace cohort::comm
