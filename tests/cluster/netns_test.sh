@@ -6,9 +6,8 @@
 #     timeout and both launchers exit non-zero (an error, not a hang);
 #  4. 2 hosts x 1 rank, 3 hosts x 1 and x 2 ranks, checked, over TCP and over UCX;
 #  5. mpirun inside node 0 starting 2 ranks on each node through plm_rsh_agent
-#     (netns-cluster rsh), the ranks running Cohort's own backend. (Open MPI's own TCP BTL
-#     drops its connections between these namespaces, even for a plain MPI_Allreduce
-#     program, so COHORT_BACKEND=mpi is tested on one host only, in launch_test.)
+#     (netns-cluster rsh), the ranks running Cohort's own backend, then the mpi backend
+#     (Open MPI's shared memory inside a node, its TCP between nodes).
 # Skips (exit 77) where namespaces cannot be made. Always removes its namespaces.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -110,23 +109,23 @@ for per in 1 2; do
   for transport in tcp ucx; do many 3 $per $transport; done
 done
 
-# 5. mpirun across the emulated nodes. Open MPI's shared-memory BTL (vader) is left out: the
-#    emulated nodes share one hostname and /dev/shm, and its segment names would collide.
+# 5. mpirun across the emulated nodes (each with its own hostname, so Open MPI tells them apart).
 a0=$("$cluster" addr 0 --name "$name")
 a1=$("$cluster" addr 1 --name "$name")
 if command -v mpirun >/dev/null; then
-  for backend in cohort; do
+  for backend in cohort mpi; do
     COHORT_BACKEND=$backend COHORT_HOST_ID=node0 COHORT_TIMEOUT=20 timeout 120 \
       "$cluster" run 0 --name "$name" -- mpirun --allow-run-as-root --oversubscribe \
       --host "$a0:2,$a1:2" -np 4 --mca plm_rsh_agent "$cluster rsh --name $name" \
-      --mca btl self,tcp --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 \
+      --mca btl self,vader,tcp --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 \
       -x MASTER_ADDR="$a0" -x COHORT_BACKEND -x COHORT_TIMEOUT \
       "$bin" bench comm --min-bytes 8 --max-bytes 1M --factor 16 --iters 3 --warmup 1 --check \
       > "$out/mpirun-$backend.log" 2>&1
     code=$?
     if [ $code -ne 0 ] || ! grep -q "4 ranks" "$out/mpirun-$backend.log" ||
        ! grep -q "Out of bounds values : 0 OK" "$out/mpirun-$backend.log" ||
-       { [ $backend = cohort ] && ! grep -q "on 2 host(s), transports shm+tcp" "$out/mpirun-$backend.log"; }; then
+       { [ $backend = cohort ] && ! grep -q "on 2 host(s), transports shm+tcp" "$out/mpirun-$backend.log"; } ||
+       { [ $backend = mpi ] && ! grep -q "mpi backend: 4 ranks on 2 host(s)" "$out/mpirun-$backend.log"; }; then
       echo "FAIL: mpirun across nodes, $backend backend, exited $code"; cat "$out/mpirun-$backend.log"; fail=1
     else
       echo "PASS: mpirun across two emulated nodes, $backend backend"
@@ -136,5 +135,5 @@ else
   echo "FAIL: mpirun not installed"; fail=1
 fi
 rm -rf "$out"
-[ $fail -eq 0 ] && echo "10 passed, 0 failed" || echo "some of 10 failed"
+[ $fail -eq 0 ] && echo "11 passed, 0 failed" || echo "some of 11 failed"
 exit $fail

@@ -119,7 +119,8 @@ class MpiComm final : public Communicator {
     int len = 0;
     MPI_Get_library_version(v, &len);
     std::string s(v, static_cast<size_t>(len));
-    return "mpi backend: " + std::to_string(size_) + " ranks, " + s.substr(0, s.find(','));
+    return "mpi backend: " + std::to_string(size_) + " ranks on " + std::to_string(num_hosts()) +
+           " host(s), " + s.substr(0, s.find(','));
   }
 
   Work allreduce(const void* s, void* r, size_t n, DataType t, RedOp op, CollOptions) override {
