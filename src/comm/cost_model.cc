@@ -143,6 +143,15 @@ std::vector<AlgoEstimate> estimate(Collective coll, const Topology& t, size_t by
         Costs shared = flat;
         shared.b = flat.b * L;  // L concurrent flows through one host link
         double across = std::min(ring_allreduce(H, N / L, shared), rd_allreduce(H, N / L, shared));
+        if (bytes >= kHierPipelineMinBytes) {
+          // Pipelined: the slower phase sets the pace, the faster one costs only its share of a
+          // chunk (filling and draining), and every chunk pays the step latencies.
+          const double chunks = std::clamp(N / kHierChunkBytes, 1.0, 256.0);
+          const double ring_across = ring_allreduce(H, N / L, shared);
+          across = std::max(inside, ring_across) + std::min(inside, ring_across) / chunks +
+                   (chunks - 1) * std::max(local.a, flat.a);
+          inside = 0;
+        }
         out.push_back({Algo::hierarchical, inside + across});
       }
       break;

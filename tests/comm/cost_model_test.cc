@@ -40,6 +40,30 @@ TEST(CostModel, SeveralHostsPreferHierarchicalForLargeMessages) {
   }
 }
 
+double hier_us(const Topology& t, size_t bytes) {
+  for (auto& e : estimate(Collective::allreduce, t, bytes)) {
+    if (e.algo == Algo::hierarchical) return e.us;
+  }
+  ADD_FAILURE() << "no hierarchical estimate at " << bytes;
+  return 0;
+}
+
+// Large hierarchical allreduces run pipelined, and the model says so: from the pipeline's
+// threshold on, the phases inside hosts hide behind the transfer across them, so the time per
+// byte drops there, and over a slow link it approaches the link-bound ideal (each host's link
+// carries N bytes each way with two hosts, so N / rate).
+TEST(CostModel, PipelinedHierarchicalIsPacedByTheLinkBetweenHosts) {
+  Topology t = Topology::uniform(2, 2);
+  const size_t at = kHierPipelineMinBytes, below = at - 4;
+  EXPECT_LT(hier_us(t, at) / static_cast<double>(at),
+            0.95 * hier_us(t, below) / static_cast<double>(below));
+  t.net = {20.0, 0.125};  // 1 Gbit/s
+  const size_t N = 64u << 20;
+  const double ideal_us = static_cast<double>(N) / (0.125 * 1e3);
+  EXPECT_GT(hier_us(t, N), ideal_us);
+  EXPECT_LT(hier_us(t, N), 1.03 * ideal_us);
+}
+
 TEST(CostModel, AlgoNamesRoundTrip) {
   for (Algo a : {Algo::automatic, Algo::ring, Algo::recursive_doubling, Algo::rabenseifner,
                  Algo::hierarchical, Algo::tree, Algo::direct}) {

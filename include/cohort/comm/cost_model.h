@@ -50,6 +50,11 @@ struct AlgoEstimate {
   double us;
 };
 
+// Hierarchical allreduces from this size run as a pipeline of chunks of about kHierChunkBytes
+// (COHORT_HIER_CHUNK overrides the chunk when running; the model assumes the default).
+inline constexpr size_t kHierPipelineMinBytes = 4u << 20;
+inline constexpr size_t kHierChunkBytes = 2u << 20;
+
 // Every algorithm the engine can run for this collective and size, cheapest first.
 std::vector<AlgoEstimate> estimate(Collective c, const Topology& t, size_t bytes);
 Algo choose(Collective c, const Topology& t, size_t bytes);

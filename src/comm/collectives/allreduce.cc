@@ -13,10 +13,9 @@ namespace cohort::comm::detail {
 
 namespace {
 
-// Hierarchical allreduces this large run pipelined, in chunks of about 2 MiB
-// (COHORT_HIER_CHUNK): small enough that filling and draining the pipeline costs little, large
-// enough that each step's messages keep a network link at full rate.
-constexpr size_t kPipelineMinBytes = 4u << 20;
+// Hierarchical allreduces from kHierPipelineMinBytes run pipelined, in chunks of about 2 MiB
+// (kHierChunkBytes, COHORT_HIER_CHUNK): small enough that filling and draining the pipeline
+// costs little, large enough that each step's messages keep a network link at full rate.
 
 int pow2_floor(int n) {
   int p = 1;
@@ -121,7 +120,8 @@ void pipelined_hierarchical_allreduce(Engine& e, const uint8_t* in, uint8_t* out
   const Group& cg = e.cross();
   const int L = lg.size(), H = cg.size();
   const size_t es = e.esize();
-  static const size_t chunk_bytes = env::parse_bytes(env::get_or("COHORT_HIER_CHUNK", "2M"));
+  static const size_t chunk_bytes =
+      env::parse_bytes(env::get_or("COHORT_HIER_CHUNK", std::to_string(kHierChunkBytes)));
   const int chunks =
       static_cast<int>(std::clamp<size_t>(count * es / std::max<size_t>(chunk_bytes, 1), 1, 256));
   const int steps = 2 * (L - 1) + 2 * (H - 1);
@@ -180,7 +180,7 @@ void allreduce(Engine& e, const void* in_v, void* out_v, size_t count, Algo algo
       break;
     }
     case Algo::hierarchical:
-      if (bytes >= kPipelineMinBytes) {
+      if (bytes >= kHierPipelineMinBytes) {
         pipelined_hierarchical_allreduce(e, in, out, count);
         break;
       }
