@@ -564,8 +564,8 @@ Work NativeComm::submit(Task task) {
   // (kCallerPollUs) for a call nobody waits for. A wake-up costs a system call and a thread
   // that takes a core from a rank for nothing: a third of a small blocking allreduce on a
   // 2-core machine. One that ran work recently polls often enough by itself.
-  // callers_ran_ is read after the push: the progress thread clears it under mu_ only when it
-  // found the queue empty, so either it sees this task or this sees the flag cleared.
+  // A wake-up missed in a race with the flag only delays a call nobody waits for by the
+  // progress thread's current poll interval: it checks the queue under mu_ before every sleep.
   const bool asleep = poll_us_.load(std::memory_order_relaxed) >= kWakeAboveUs;
   if (!callers_run_ || (asleep && !callers_ran_.load(std::memory_order_relaxed))) cv_.notify_one();
   return Work(std::move(w));

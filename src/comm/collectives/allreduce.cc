@@ -13,10 +13,6 @@ namespace cohort::comm::detail {
 
 namespace {
 
-// Hierarchical allreduces from kHierPipelineMinBytes run pipelined, in chunks of about 2 MiB
-// (kHierChunkBytes, COHORT_HIER_CHUNK): small enough that filling and draining the pipeline
-// costs little, large enough that each step's messages keep a network link at full rate.
-
 int pow2_floor(int n) {
   int p = 1;
   while (p * 2 <= n) p *= 2;
@@ -114,7 +110,9 @@ void rabenseifner_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t coun
 // reduce-scatter, ring reduce-scatter and allgather across hosts of this rank's block, local
 // ring allgather); at tick t, chunk c runs its step t - c, so the steps of one exchange touch
 // disjoint chunks, and every rank adds them in the same order, which keeps each link's stream
-// of messages the same on both ends.
+// of messages the same on both ends. Chunks of about kHierChunkBytes (COHORT_HIER_CHUNK): small
+// enough that filling and draining the pipeline costs little, large enough that each step's
+// messages keep a network link at full rate.
 void pipelined_hierarchical_allreduce(Engine& e, const uint8_t* in, uint8_t* out, size_t count) {
   const Group& lg = e.local();
   const Group& cg = e.cross();
