@@ -819,7 +819,7 @@ void NativeComm::exchange_n(const SendOp* sends, size_t ns, const RecvOp* recvs,
     if (t.staged) {
       size_t k = t.link->send_some(t.stage + t.done, t.staged - t.done);
       t.done += k;
-      if (t.done == t.staged) t.finished = true;
+      if (t.done == t.staged && t.link->sends_complete()) t.finished = true;
       return k > 0;
     }
     bool moved = false;
@@ -834,7 +834,8 @@ void NativeComm::exchange_n(const SendOp* sends, size_t ns, const RecvOp* recvs,
       t.done += k;
       moved = moved || k > 0;
     }
-    if (t.done == t.bytes) t.finished = true;
+    // Bytes sent in place are the caller's until the transport is done with them.
+    if (t.done == t.bytes && t.link->sends_complete()) t.finished = true;
     return moved;
   };
   auto step_recv = [&](Transfer& t) -> bool {

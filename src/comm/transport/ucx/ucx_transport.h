@@ -1,9 +1,9 @@
 // UCX transport: InfiniBand and RoCE through RDMA, or UCX's own tcp and shared-memory
 // transports, chosen by UCX_TLS. Host memory only: the engine does not take device buffers.
 // The same Link interface as shm and tcp: each direction of a link is a sequence of tag
-// messages (tag: communicator, sender, receiver), which UCX delivers in order; the sender copies
-// into a few staging chunks in flight, the receiver keeps receives posted into its own chunks
-// and hands out spans of them, so a reduction reads data where it landed.
+// messages (tag: communicator, sender, receiver), which UCX delivers in order; the sender sends
+// from the caller's memory, a few messages in flight, the receiver keeps receives posted into
+// its own chunks and hands out spans of them, so a reduction reads data where it landed.
 #pragma once
 
 #include <map>
@@ -20,7 +20,7 @@ namespace cohort::comm {
 struct UcxOptions {
   std::string token;
   uint64_t comm_id = 0;
-  size_t chunk_bytes = 256 << 10;  // largest message; each staging and receive chunk
+  size_t chunk_bytes = 256 << 10;  // largest message; each receive chunk
   int chunks =
       8;  // in flight per direction and link (over UCX tcp, 8 x 256 KiB beat 4 x 1 MiB by 40%)
   Clock::time_point deadline;
