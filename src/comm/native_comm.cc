@@ -615,8 +615,10 @@ bool NativeComm::run_next() {
     }
   }
   // Publish, then wake sleepers (the library's notify skips the system call when none sleeps).
+  // Sequentially consistent: the store must be visible before notify looks for waiters, or a
+  // waiter that counted itself in between could sleep through it.
   t.work->error = err;
-  t.work->ready.store(1, std::memory_order_release);
+  t.work->ready.store(1, std::memory_order_seq_cst);
   t.work->ready.notify_all();
   return true;
 }
