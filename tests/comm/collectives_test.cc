@@ -2,8 +2,10 @@
 // computed independently in double precision.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "cohort/comm/communicator.h"
@@ -376,6 +378,41 @@ TEST(Comm, ManyCallsInFlight) {
     for (int i = 0; i < k; ++i) {
       REQUIRE(bufs[static_cast<size_t>(i)].back() == 3 * i + 3, "call " << i);
     }
+  }));
+}
+
+// A call nobody waits for still runs at once, also right after many blocking calls (which the
+// waiting caller runs itself, so that the progress thread sleeps and is not woken per call):
+// rank 0 issues an allreduce and does not wait for 300 ms; rank 1, waiting for the same
+// allreduce, must get it long before then.
+TEST(Comm, CallsNobodyWaitsForStillRunAfterBlockingOnes) {
+  expect_all_ok(run_ranks(2, [](int rank) {
+    auto c = init();
+    std::vector<float> v(16, 1.0f);
+    // Long enough for an idle progress thread to back off to its longest sleep; the count is
+    // agreed by rank 0's clock, so both ranks issue the same calls.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+    for (int go = 1; go != 0;) {
+      for (int i = 0; i < 100; ++i) {
+        c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::max).wait();
+      }
+      go = rank == 0 && std::chrono::steady_clock::now() < until ? 1 : 0;
+      c->broadcast(&go, &go, 1, DataType::i32, 0).wait();
+    }
+    c->barrier().wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    Work w = c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum);
+    if (rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      REQUIRE(w.test(), "the call did not finish while its caller was away");
+    } else {
+      w.wait();
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      REQUIRE(ms < 150, "the peer's unwaited call took " << ms << " ms to run");
+    }
+    w.wait();
+    REQUIRE(v[0] == 2.0f, v[0]);
   }));
 }
 
