@@ -17,10 +17,9 @@ class Link {
 
   // Takes up to n bytes into the outgoing stream without blocking; returns how many it took.
   // Most transports copy them. One that sends them from where they are (registered memory and
-  // RDMA, no staging copy) says so with sends_in_place(): the bytes it took must then stay
-  // unchanged until sends_complete().
+  // RDMA, no staging copy) reports false from sends_complete() while it still reads them: the
+  // engine keeps them unchanged until then.
   virtual size_t send_some(const void* data, size_t n) = 0;
-  virtual bool sends_in_place() const { return false; }
   virtual bool sends_complete() { return true; }
 
   // Moves up to n arrived bytes into dst without blocking; returns how many.

@@ -160,8 +160,6 @@ class UcxLink final : public Link {
     return m;
   }
 
-  bool sends_in_place() const override { return true; }
-
   bool sends_complete() override {
     check_peer();
     w_->progress();
