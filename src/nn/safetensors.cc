@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -13,32 +14,21 @@ namespace cohort::nn {
 
 namespace {
 
-const char* st_dtype(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "F32";
-    case DType::bf16:
-      return "BF16";
-    case DType::f16:
-      return "F16";
-    case DType::i64:
-      return "I64";
-    case DType::u8:
-      return "U8";
-  }
-  return "?";
+// safetensors spells our dtype names in capitals: F32, BF16, F16, I64, U8.
+std::string st_dtype(DType t) {
+  std::string s = tensor::dtype_name(t);
+  for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
 }
 
 bool parse_st_dtype(const std::string& s, DType* t) {
-  static const std::map<std::string, DType> m{{"F32", DType::f32},
-                                              {"BF16", DType::bf16},
-                                              {"F16", DType::f16},
-                                              {"I64", DType::i64},
-                                              {"U8", DType::u8}};
-  auto it = m.find(s);
-  if (it == m.end()) return false;
-  *t = it->second;
-  return true;
+  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i64, DType::u8}) {
+    if (st_dtype(d) == s) {
+      *t = d;
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
