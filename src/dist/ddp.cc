@@ -48,10 +48,11 @@ Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
   for (size_t i = tail_end; i-- > 0;) range_of(cur, i);
   if (!cur.params.empty()) buckets_.push_back(cur);
   if (o_.compression != "none") {
+    const bool bf = o_.compression == "bf16";
+    wire_ = bf ? comm::DataType::bf16 : comm::DataType::f16;
     for (Bucket& b : buckets_) {
-      b.wire =
-          nn::Tensor::empty({static_cast<int64_t>(b.end - b.begin)},
-                            o_.compression == "bf16" ? tensor::DType::bf16 : tensor::DType::f16);
+      b.wire = nn::Tensor::empty({static_cast<int64_t>(b.end - b.begin)},
+                                 bf ? tensor::DType::bf16 : tensor::DType::f16);
     }
   }
 }
@@ -102,16 +103,14 @@ void Ddp::launch(Bucket& b) {
   float* g = m_.flat_grads().data<float>() + b.begin;
   const size_t n = b.end - b.begin;
   b.launched_at = since_prepare();
-  if (o_.compression == "none") {
-    b.work = comm_->allreduce(g, g, n, comm::DataType::f32, comm::RedOp::sum);
+  if (wire_ == comm::DataType::f32) {
+    b.work = comm_->allreduce(g, g, n, wire_, comm::RedOp::sum);
     return;
   }
   uint16_t* w = b.wire.data<uint16_t>();
-  const bool bf = o_.compression == "bf16";
   nn::Tensor flat = nn::Tensor::wrap(g, {static_cast<int64_t>(n)}, tensor::DType::f32);
   tensor::onednn::reorder(tensor::onednn::mem(flat), tensor::onednn::mem(b.wire));  // vectorised
-  b.work =
-      comm_->allreduce(w, w, n, bf ? comm::DataType::bf16 : comm::DataType::f16, comm::RedOp::sum);
+  b.work = comm_->allreduce(w, w, n, wire_, comm::RedOp::sum);
 }
 
 double Ddp::finish() {
@@ -121,7 +120,7 @@ double Ddp::finish() {
   while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
   for (Bucket& b : buckets_) {
     b.work.wait();
-    if (o_.compression != "none") {
+    if (wire_ != comm::DataType::f32) {
       nn::Tensor flat =
           nn::Tensor::wrap(m_.flat_grads().data<float>() + b.begin,
                            {static_cast<int64_t>(b.end - b.begin)}, tensor::DType::f32);

@@ -67,6 +67,7 @@ class Ddp {
   nn::Model& m_;
   std::shared_ptr<comm::Communicator> comm_;
   DdpOptions o_;
+  comm::DataType wire_ = comm::DataType::f32;  // what the buckets travel as (compression)
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // param index -> bucket
   size_t next_launch_ = 0;
