@@ -138,21 +138,20 @@ std::vector<AlgoEstimate> estimate(Collective coll, const Topology& t, size_t by
         // local rank at once (they share the host's link), allgather inside the host.
         const int L = t.ranks_on_host(0), H = t.num_hosts;
         const Costs local = link_costs(t.net_everywhere ? t.net : t.shm, t.reduce_gbytes_per_s);
-        double inside = 2 * (L - 1) * local.a + 2.0 * (L - 1) / L * N * local.b +
-                        1.0 * (L - 1) / L * N * local.g;
+        const double inside = 2 * (L - 1) * local.a + 2.0 * (L - 1) / L * N * local.b +
+                              1.0 * (L - 1) / L * N * local.g;
         Costs shared = flat;
         shared.b = flat.b * L;  // L concurrent flows through one host link
-        double across = std::min(ring_allreduce(H, N / L, shared), rd_allreduce(H, N / L, shared));
+        const double ring_across = ring_allreduce(H, N / L, shared);
+        double us = inside + std::min(ring_across, rd_allreduce(H, N / L, shared));
         if (bytes >= kHierPipelineMinBytes) {
-          // Pipelined: the slower phase sets the pace, the faster one costs only its share of a
-          // chunk (filling and draining), and every chunk pays the step latencies.
-          const double chunks = std::clamp(N / kHierChunkBytes, 1.0, 256.0);
-          const double ring_across = ring_allreduce(H, N / L, shared);
-          across = std::max(inside, ring_across) + std::min(inside, ring_across) / chunks +
-                   (chunks - 1) * std::max(local.a, flat.a);
-          inside = 0;
+          // Pipelined (ring across): the slower phase sets the pace, the faster one costs only
+          // its share of a chunk (filling and draining), and every chunk pays a step latency.
+          const double chunks = std::clamp(N / kHierChunkBytes, 1.0, double{kHierMaxChunks});
+          us = std::max(inside, ring_across) + std::min(inside, ring_across) / chunks +
+               (chunks - 1) * std::max(local.a, flat.a);
         }
-        out.push_back({Algo::hierarchical, inside + across});
+        out.push_back({Algo::hierarchical, us});
       }
       break;
     }

@@ -54,6 +54,7 @@ struct AlgoEstimate {
 // (COHORT_HIER_CHUNK overrides the chunk when running; the model assumes the default).
 inline constexpr size_t kHierPipelineMinBytes = 4u << 20;
 inline constexpr size_t kHierChunkBytes = 2u << 20;
+inline constexpr int kHierMaxChunks = 256;
 
 // Every algorithm the engine can run for this collective and size, cheapest first.
 std::vector<AlgoEstimate> estimate(Collective c, const Topology& t, size_t bytes);

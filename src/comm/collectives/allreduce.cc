@@ -120,8 +120,8 @@ void pipelined_hierarchical_allreduce(Engine& e, const uint8_t* in, uint8_t* out
   const size_t es = e.esize();
   static const size_t chunk_bytes =
       env::parse_bytes(env::get_or("COHORT_HIER_CHUNK", std::to_string(kHierChunkBytes)));
-  const int chunks =
-      static_cast<int>(std::clamp<size_t>(count * es / std::max<size_t>(chunk_bytes, 1), 1, 256));
+  const int chunks = static_cast<int>(
+      std::clamp<size_t>(count * es / std::max<size_t>(chunk_bytes, 1), 1, kHierMaxChunks));
   const int steps = 2 * (L - 1) + 2 * (H - 1);
   const int blk = (lg.me + 1) % L;  // the block of each chunk this rank reduces across hosts
   // With one rank per host there is no local reduce-scatter to bring `in` into `out`.
