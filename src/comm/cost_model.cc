@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cohort/core/bits.h"
 #include "cohort/core/error.h"
 
 namespace cohort::comm {
@@ -95,11 +96,6 @@ Costs link_costs(const LinkModel& l, double reduce_gbps) {
 
 double log2i(int n) {
   return std::ceil(std::log2(std::max(1, n)));
-}
-int pow2_floor(int n) {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
 }
 
 double ring_allreduce(int n, double N, Costs c) {

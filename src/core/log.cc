@@ -3,15 +3,15 @@
 #include <cstdio>
 #include <cstring>
 
-#include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "cohort/core/settings.h"
 
 namespace cohort::log {
 
 namespace {
 Level threshold() {
   static const Level level = [] {
-    std::string v = env::get_or("COHORT_LOG", "info");
+    const std::string v = env::Settings::read().log;
     if (v == "debug") return Level::debug;
     if (v == "warn") return Level::warn;
     if (v == "error") return Level::error;

@@ -3,6 +3,7 @@
 #include <functional>
 #include <map>
 
+#include "cohort/core/hash.h"
 #include "cohort/core/rng.h"
 #include "cohort/nn/layers.h"
 #include "cohort/nn/model.h"
@@ -312,9 +313,7 @@ void Model::reset_parameters(uint64_t seed) {
   std::vector<std::pair<std::string, Module*>> mods;
   root_->modules("", &mods);
   for (auto& [name, m] : mods) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a of the module's name
-    for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
-    m->reset_parameters(key3(seed, h, 0x1417));
+    m->reset_parameters(key3(seed, fnv1a64(name), 0x1417));
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "cohort/comm/types.h"
 #include "cohort/core/env.h"
+#include "cohort/core/settings.h"
 
 namespace cohort::tensor {
 
@@ -88,7 +89,7 @@ struct Allocator::State {
 };
 
 Allocator::Allocator() : s_(std::make_unique<State>()) {
-  s_->cache = env::int_or("COHORT_ALLOC_CACHE", 1) != 0;
+  s_->cache = env::Settings::read().alloc_cache;
 }
 
 Allocator& Allocator::cpu() {

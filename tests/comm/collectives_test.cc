@@ -10,6 +10,7 @@
 
 #include "cohort/comm/communicator.h"
 #include "cohort/comm/types.h"
+#include "cohort/core/error.h"
 #include "testing/ranks.h"
 
 using namespace cohort::comm;
@@ -149,7 +150,11 @@ void check_reductions(Communicator& c, DataType t, RedOp op, size_t count, bool 
     Buf in(count * dtype_size(t)), out(count * dtype_size(t));
     for (size_t i = 0; i < count; ++i) store(t, in.p, i, input(t, op, me, i));
     uint8_t* dst = in_place ? in.p : out.p;
-    c.allreduce(in.p, dst, count, t, op, o).wait();
+    Work w = c.allreduce(in.p, dst, count, t, op, o);
+    w.wait();
+    REQUIRE(algo == Algo::automatic || w.algorithm() == algo_name(algo),
+            "allreduce forced to " << algo_name(algo) << " ran " << w.algorithm());
+    REQUIRE(algo == Algo::automatic || w.reason() == "forced by the call", w.reason());
     for (size_t i = 0; i < count; ++i) {
       REQUIRE(near(t, load(t, dst, i), reference(t, op, n, i)),
               "allreduce " << what << " element " << i << ": got " << load(t, dst, i) << " want "
@@ -173,7 +178,10 @@ void check_reductions(Communicator& c, DataType t, RedOp op, size_t count, bool 
       Buf in(count * dtype_size(t)), out(count * dtype_size(t));
       for (size_t i = 0; i < count; ++i) store(t, in.p, i, input(t, op, me, i));
       uint8_t* dst = in_place && me == root ? in.p : out.p;
-      c.reduce(in.p, dst, count, t, op, root, ro).wait();
+      Work w = c.reduce(in.p, dst, count, t, op, root, ro);
+      w.wait();
+      REQUIRE(w.algorithm() == algo_name(a),
+              "reduce forced to " << algo_name(a) << " ran " << w.algorithm());
       if (me == root) {
         for (size_t i = 0; i < count; ++i) {
           REQUIRE(near(t, load(t, dst, i), reference(t, op, n, i)),
@@ -193,7 +201,23 @@ void check_data_movement(Communicator& c, DataType t, size_t count) {
     o.algo = a;
     Buf in(count * es), out(count * n * es);
     for (size_t i = 0; i < count; ++i) store(t, in.p, i, input(t, op, me, i));
-    c.allgather(in.p, out.p, count, t, o).wait();
+    if (a == Algo::recursive_doubling && (n & (n - 1)) != 0) {
+      // A forced algorithm this group cannot run fails at issue, saying why, and is never
+      // replaced by another; the communicator stays usable.
+      std::string error;
+      try {
+        c.allgather(in.p, out.p, count, t, o);
+      } catch (const cohort::Error& e) {
+        error = e.what();
+      }
+      REQUIRE(error.find("power-of-two") != std::string::npos,
+              "rd allgather on " << n << ": " << error);
+      continue;
+    }
+    Work w = c.allgather(in.p, out.p, count, t, o);
+    w.wait();
+    REQUIRE(a == Algo::automatic || w.algorithm() == algo_name(a),
+            "allgather forced to " << algo_name(a) << " ran " << w.algorithm());
     for (int r = 0; r < n; ++r) {
       for (size_t i = 0; i < count; ++i) {
         REQUIRE(near(t, load(t, out.p, r * count + i), input(t, op, r, i)),
@@ -208,7 +232,10 @@ void check_data_movement(Communicator& c, DataType t, size_t count) {
       Buf buf(count * es);
       for (size_t i = 0; i < count; ++i)
         store(t, buf.p, i, me == root ? input(t, op, root, i) : -1);
-      c.broadcast(buf.p, buf.p, count, t, root, o).wait();
+      Work w = c.broadcast(buf.p, buf.p, count, t, root, o);
+      w.wait();
+      REQUIRE(w.algorithm() == algo_name(a),
+              "broadcast forced to " << algo_name(a) << " ran " << w.algorithm());
       for (size_t i = 0; i < count; ++i) {
         REQUIRE(near(t, load(t, buf.p, i), input(t, op, root, i)),
                 "broadcast root " << root << " " << algo_name(a) << " count " << count);
@@ -361,6 +388,66 @@ TEST(Comm, PipelinedHierarchicalAllreduceOnEveryHostShape) {
         },
         o));
   }
+}
+
+// The algorithm is chosen once, at issue: what a call was forced to is what runs (the Work says
+// so, with the reason); what cannot run fails at issue naming the collective and the need;
+// COHORT_ALGO forces its algorithm where the collective has it and leaves the rest to the cost
+// model.
+TEST(Comm, ForcedAlgorithmsRunAsAskedOrFailSayingWhy) {
+  RunOptions o;
+  o.env["COHORT_ALGO"] = "rd";
+  o.env["COHORT_TIMEOUT"] = "60";
+  expect_all_ok(run_ranks(
+      3,
+      [](int) {
+        auto c = init();
+        auto error_of = [](auto&& issue) {
+          try {
+            issue();
+          } catch (const cohort::Error& e) {
+            return std::string(e.what());
+          }
+          return std::string("no error");
+        };
+        std::vector<float> v(1000, 1.0f), all(3000);
+        Work w = c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum);
+        REQUIRE(w.algorithm() == "rd" && w.reason() == "COHORT_ALGO",
+                w.algorithm() << " (" << w.reason() << ")");
+        w.wait();
+        REQUIRE(v[999] == 3.0f, v[999]);
+        // broadcast has no rd: the cost model picks.
+        w = c->broadcast(v.data(), v.data(), v.size(), DataType::f32, 0);
+        REQUIRE(w.reason() == "cost model", w.algorithm() << " (" << w.reason() << ")");
+        w.wait();
+        // allgather has rd, but 3 ranks cannot run it.
+        std::string e =
+            error_of([&] { c->allgather(v.data(), all.data(), v.size(), DataType::f32); });
+        REQUIRE(e.find("allgather cannot run COHORT_ALGO=rd") != std::string::npos &&
+                    e.find("power-of-two number of ranks; this group has 3") != std::string::npos,
+                e);
+        CollOptions tree;
+        tree.algo = Algo::tree;
+        e = error_of([&] { c->allreduce(v.data(), v.data(), 1, DataType::f32, RedOp::sum, tree); });
+        REQUIRE(
+            e.find("allreduce has no algorithm 'tree' (it has: ring, rd, rabenseifner, hier)") !=
+                std::string::npos,
+            e);
+        CollOptions hier;
+        hier.algo = Algo::hierarchical;
+        e = error_of([&] { c->allreduce(v.data(), v.data(), 1, DataType::f32, RedOp::sum, hier); });
+        REQUIRE(e.find("cannot run the forced algorithm 'hier'") != std::string::npos &&
+                    e.find("this group has 1 host(s) with 3 rank(s)") != std::string::npos,
+                e);
+        // Refused calls sent nothing: the communicator still works, in step on every rank.
+        CollOptions ring;
+        ring.algo = Algo::ring;
+        w = c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum, ring);
+        REQUIRE(w.algorithm() == "ring" && w.reason() == "forced by the call", w.reason());
+        w.wait();
+        REQUIRE(v[0] == 9.0f, v[0]);
+      },
+      o));
 }
 
 TEST(Comm, ManyCallsInFlight) {

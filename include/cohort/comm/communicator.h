@@ -1,5 +1,5 @@
 // The collective-communication API. A Communicator is a group of ranks; every collective
-// returns a Work handle at once and runs, in issue order, on the communicator's progress thread.
+// returns a Work handle at once and runs in issue order, one at a time.
 // Two backends implement it: Cohort's own engine (shared memory + TCP) and `mpi`.
 #pragma once
 
@@ -18,8 +18,11 @@ enum class Algo { automatic, ring, recursive_doubling, rabenseifner, hierarchica
 const char* algo_name(Algo a);
 Algo parse_algo(const std::string& s);
 
+// A call's options. A forced algorithm runs as asked or the call fails at issue, saying why
+// (the collective lacks it, or this group's shape cannot run it). With `automatic`, COHORT_ALGO
+// forces its algorithm on the collectives that have it; the cost model picks the rest.
 struct CollOptions {
-  Algo algo = Algo::automatic;  // COHORT_ALGO overrides automatic
+  Algo algo = Algo::automatic;
 };
 
 // What the job looks like from this process: read from cohort launch / torchrun, Open MPI or
@@ -45,7 +48,8 @@ class Work {
   // Blocks until the collective finished; rethrows its error (CommError, TimeoutError, ...).
   void wait();
   bool test();                    // true once finished (successfully or not)
-  std::string algorithm() const;  // what the engine ran, for reports
+  std::string algorithm() const;  // the algorithm chosen for this call at issue
+  std::string reason() const;     // why: "cost model", "forced by the call", "COHORT_ALGO", ...
 
  private:
   std::shared_ptr<WorkState> s_;

@@ -4,43 +4,37 @@
 #include <cstring>
 #include <vector>
 
-#include "../engine.h"
 #include "cohort/comm/reduce.h"
-#include "cohort/core/env.h"
+#include "cohort/core/bits.h"
 #include "cohort/core/error.h"
+#include "collectives.h"
 
 namespace cohort::comm::detail {
 
 namespace {
 
-int pow2_floor(int n) {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
-
 // Non-power-of-two groups fold the first 2*rem ranks in pairs (even into odd) so that a
 // power-of-two core runs the algorithm; returns this rank's index in the core or -1.
-int fold_in(Engine& e, const Group& g, uint8_t* buf, size_t bytes, int p) {
+int fold_in(Engine& e, const Call& c, const Group& g, uint8_t* buf, size_t bytes, int p) {
   const int rem = g.size() - p, i = g.me;
   if (i < 2 * rem) {
     if (i % 2 == 0) {
-      e.exchange({{g.at(i + 1), buf, bytes}}, {});
+      e.exchange(c, {{g.at(i + 1), buf, bytes}}, {});
       return -1;
     }
-    e.exchange({}, {{g.at(i - 1), buf, bytes, buf}});
+    e.exchange(c, {}, {{g.at(i - 1), buf, bytes, buf}});
     return i / 2;
   }
   return i - rem;
 }
 
-void fold_out(Engine& e, const Group& g, uint8_t* buf, size_t bytes, int p) {
+void fold_out(Engine& e, const Call& c, const Group& g, uint8_t* buf, size_t bytes, int p) {
   const int rem = g.size() - p, i = g.me;
   if (i < 2 * rem) {
     if (i % 2 == 0) {
-      e.exchange({}, {{g.at(i + 1), buf, bytes}});
+      e.exchange(c, {}, {{g.at(i + 1), buf, bytes}});
     } else {
-      e.exchange({{g.at(i - 1), buf, bytes}}, {});
+      e.exchange(c, {{g.at(i - 1), buf, bytes}}, {});
     }
   }
 }
@@ -52,33 +46,34 @@ int core_rank(const Group& g, int p, int ni) {
 
 }  // namespace
 
-void recursive_doubling_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t count) {
-  const size_t bytes = count * e.esize();
+void recursive_doubling_allreduce(Engine& e, const Call& c, const Group& g, uint8_t* buf,
+                                  size_t count) {
+  const size_t bytes = count * c.esize();
   if (g.size() == 1) return;
   const int p = pow2_floor(g.size());
-  const int ni = fold_in(e, g, buf, bytes, p);
+  const int ni = fold_in(e, c, g, buf, bytes, p);
   if (ni >= 0) {
     for (int d = 1; d < p; d *= 2) {
       const int partner = core_rank(g, p, ni ^ d);
-      if (bytes <= kStagedSendBytes) {
+      if (bytes <= kInlineBytes) {
         // The send is staged before anything arrives: reduce straight into buf.
-        e.exchange({{partner, buf, bytes}}, {{partner, buf, bytes, buf}});
+        e.exchange(c, {{partner, buf, bytes}}, {{partner, buf, bytes, buf}});
       } else {
         // The send reads buf while the partner's data arrive: receive into scratch.
         auto* tmp = static_cast<uint8_t*>(e.scratch(bytes, 0));
-        e.exchange({{partner, buf, bytes}}, {{partner, tmp, bytes}});
-        e.reduce_into(buf, buf, tmp, count);
+        e.exchange(c, {{partner, buf, bytes}}, {{partner, tmp, bytes}});
+        c.reduce_into(buf, buf, tmp, count);
       }
     }
   }
-  fold_out(e, g, buf, bytes, p);
+  fold_out(e, c, g, buf, bytes, p);
 }
 
-void rabenseifner_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t count) {
-  const size_t es = e.esize();
+void rabenseifner_allreduce(Engine& e, const Call& c, const Group& g, uint8_t* buf, size_t count) {
+  const size_t es = c.esize();
   if (g.size() == 1) return;
   const int p = pow2_floor(g.size());
-  const int ni = fold_in(e, g, buf, count * es, p);
+  const int ni = fold_in(e, c, g, buf, count * es, p);
   if (ni >= 0) {
     auto off = [&](int blk) { return block_offset(count, p, blk) * es; };
     int lo = 0, hi = p;
@@ -87,7 +82,7 @@ void rabenseifner_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t coun
       const int mid = lo + d;
       int keep_lo = lo, keep_hi = mid, send_lo = mid, send_hi = hi;
       if (ni & d) std::swap(keep_lo, send_lo), std::swap(keep_hi, send_hi);
-      e.exchange({{partner, buf + off(send_lo), off(send_hi) - off(send_lo)}},
+      e.exchange(c, {{partner, buf + off(send_lo), off(send_hi) - off(send_lo)}},
                  {{partner, buf + off(keep_lo), off(keep_hi) - off(keep_lo), buf + off(keep_lo)}});
       lo = keep_lo;
       hi = keep_hi;
@@ -95,31 +90,31 @@ void rabenseifner_allreduce(Engine& e, const Group& g, uint8_t* buf, size_t coun
     for (int d = 1; d < p; d *= 2) {  // recursive doubling: allgather
       const int partner = core_rank(g, p, ni ^ d);
       const int plo = lo ^ d;
-      e.exchange({{partner, buf + off(lo), off(lo + d) - off(lo)}},
+      e.exchange(c, {{partner, buf + off(lo), off(lo + d) - off(lo)}},
                  {{partner, buf + off(plo), off(plo + d) - off(plo)}});
       lo = std::min(lo, plo);
     }
   }
-  fold_out(e, g, buf, count * es, p);
+  fold_out(e, c, g, buf, count * es, p);
 }
 
-// The hierarchical allreduce in chunks, as a software pipeline: while chunk c crosses between
-// hosts, chunk c+1 is reduced inside each host and chunk c-1 shared inside it, so the links
+// The hierarchical allreduce in chunks, as a software pipeline: while chunk k crosses between
+// hosts, chunk k+1 is reduced inside each host and chunk k-1 shared inside it, so the links
 // between hosts stay busy from the first chunk to the last instead of idling during the two
 // shared-memory phases. Each chunk runs the same steps as the unpipelined algorithm (local ring
 // reduce-scatter, ring reduce-scatter and allgather across hosts of this rank's block, local
-// ring allgather); at tick t, chunk c runs its step t - c, so the steps of one exchange touch
+// ring allgather); at tick t, chunk k runs its step t - k, so the steps of one exchange touch
 // disjoint chunks, and every rank adds them in the same order, which keeps each link's stream
 // of messages the same on both ends. Chunks of about kHierChunkBytes (COHORT_HIER_CHUNK): small
 // enough that filling and draining the pipeline costs little, large enough that each step's
 // messages keep a network link at full rate.
-void pipelined_hierarchical_allreduce(Engine& e, const uint8_t* in, uint8_t* out, size_t count) {
+void pipelined_hierarchical_allreduce(Engine& e, const Call& c, const uint8_t* in, uint8_t* out,
+                                      size_t count) {
   const Group& lg = e.local();
   const Group& cg = e.cross();
   const int L = lg.size(), H = cg.size();
-  const size_t es = e.esize();
-  static const size_t chunk_bytes =
-      env::parse_bytes(env::get_or("COHORT_HIER_CHUNK", std::to_string(kHierChunkBytes)));
+  const size_t es = c.esize();
+  const size_t chunk_bytes = e.settings().hier_chunk;
   const int chunks = static_cast<int>(
       std::clamp<size_t>(count * es / std::max<size_t>(chunk_bytes, 1), 1, kHierMaxChunks));
   const int steps = 2 * (L - 1) + 2 * (H - 1);
@@ -131,91 +126,87 @@ void pipelined_hierarchical_allreduce(Engine& e, const uint8_t* in, uint8_t* out
   for (int t = 0; t < chunks + steps - 1; ++t) {
     sends.clear();
     recvs.clear();
-    for (int c = std::max(0, t - steps + 1); c <= std::min(chunks - 1, t); ++c) {
-      const size_t off = block_offset(count, chunks, c) * es, n = block_count(count, chunks, c);
+    for (int k = std::max(0, t - steps + 1); k <= std::min(chunks - 1, t); ++k) {
+      const size_t off = block_offset(count, chunks, k) * es, n = block_count(count, chunks, k);
       uint8_t* part = out + off + block_offset(n, L, blk) * es;
       const size_t pn = block_count(n, L, blk);
-      int s = t - c;
+      int s = t - k;
       RingStep st;
       if (s < L - 1) {
-        st = ring_reduce_scatter_step(e, lg, in + off, out + off, n, s);
+        st = ring_reduce_scatter_step(c, lg, in + off, out + off, n, s);
       } else if ((s -= L - 1) < H - 1) {
-        st = ring_reduce_scatter_step(e, cg, part, part, pn, s);
+        st = ring_reduce_scatter_step(c, cg, part, part, pn, s);
       } else if ((s -= H - 1) < H - 1) {
-        st = ring_allgather_step(e, cg, part, pn, (cg.me + 1) % H, s);
+        st = ring_allgather_step(c, cg, part, pn, (cg.me + 1) % H, s);
       } else {
-        st = ring_allgather_step(e, lg, out + off, n, blk, s - (H - 1));
+        st = ring_allgather_step(c, lg, out + off, n, blk, s - (H - 1));
       }
       sends.push_back(st.send);
       recvs.push_back(st.recv);
     }
-    e.exchange(sends, recvs);
+    e.exchange(c, sends, recvs);
   }
 }
 
-void allreduce(Engine& e, const void* in_v, void* out_v, size_t count, Algo algo) {
-  auto* in = static_cast<const uint8_t*>(in_v);
-  auto* out = static_cast<uint8_t*>(out_v);
-  const size_t bytes = count * e.esize();
-  if (algo == Algo::automatic) algo = e.pick(Collective::allreduce, bytes);
-  if (algo == Algo::hierarchical && (e.topology().num_hosts < 2 || !e.hosts_uniform())) {
-    algo = Algo::ring;
-  }
-  switch (algo) {
+void allreduce(Engine& e, const Call& c) {
+  auto* in = static_cast<const uint8_t*>(c.send);
+  auto* out = static_cast<uint8_t*>(c.recv);
+  const size_t count = c.count();
+  const size_t bytes = count * c.esize();
+  switch (c.algo) {
     case Algo::ring: {
       // Large buffers go round the ring in slices, so that what the allgather sends was
       // reduced moments ago and is still in cache instead of being read back from memory.
       const Group& g = e.world();
-      static const size_t slice_bytes = env::parse_bytes(env::get_or("COHORT_RING_SLICE", "4M"));
-      const size_t per = std::max<size_t>(1, slice_bytes / e.esize()) * g.size();
+      const size_t slice_bytes = e.settings().ring_slice;
+      const size_t per = std::max<size_t>(1, slice_bytes / c.esize()) * g.size();
       for (size_t off = 0; off < count || off == 0; off += per) {
         const size_t n = std::min(per, count - off);
-        const size_t b = off * e.esize();
-        ring_reduce_scatter(e, g, in + b, out + b, n);
-        ring_allgather(e, g, out + b, n, (g.me + 1) % g.size());
+        const size_t b = off * c.esize();
+        ring_reduce_scatter(e, c, g, in + b, out + b, n);
+        ring_allgather(e, c, g, out + b, n, (g.me + 1) % g.size());
         if (count == 0) break;
       }
       break;
     }
     case Algo::hierarchical:
       if (bytes >= kHierPipelineMinBytes) {
-        pipelined_hierarchical_allreduce(e, in, out, count);
+        pipelined_hierarchical_allreduce(e, c, in, out, count);
         break;
       }
       {
         const Group& lg = e.local();
         const Group& cg = e.cross();
-        ring_reduce_scatter(e, lg, in, out, count);
+        ring_reduce_scatter(e, c, lg, in, out, count);
         const int blk = (lg.me + 1) % lg.size();
         const size_t bo = block_offset(count, lg.size(), blk),
                      bc = block_count(count, lg.size(), blk);
-        const size_t bb = bc * e.esize();
-        uint8_t* part = out + bo * e.esize();
+        const size_t bb = bc * c.esize();
+        uint8_t* part = out + bo * c.esize();
         // Across hosts every local rank moves its own 1/L of the data at once.
         Topology across = Topology::uniform(cg.size(), 1);
         across.net = e.topology().net;
         if (choose(Collective::allreduce, across, bb) == Algo::ring) {
-          ring_reduce_scatter(e, cg, part, part, bc);
-          ring_allgather(e, cg, part, bc, (cg.me + 1) % cg.size());
+          ring_reduce_scatter(e, c, cg, part, part, bc);
+          ring_allgather(e, c, cg, part, bc, (cg.me + 1) % cg.size());
         } else {
-          recursive_doubling_allreduce(e, cg, part, bc);
+          recursive_doubling_allreduce(e, c, cg, part, bc);
         }
-        ring_allgather(e, lg, out, count, blk);
+        ring_allgather(e, c, lg, out, count, blk);
       }
       break;
     case Algo::recursive_doubling:
-    case Algo::tree:
       if (in != out) std::memcpy(out, in, bytes);
-      recursive_doubling_allreduce(e, e.world(), out, count);
+      recursive_doubling_allreduce(e, c, e.world(), out, count);
       break;
     case Algo::rabenseifner:
       if (in != out) std::memcpy(out, in, bytes);
-      rabenseifner_allreduce(e, e.world(), out, count);
+      rabenseifner_allreduce(e, c, e.world(), out, count);
       break;
-    default:
-      COHORT_THROW("allreduce has no algorithm '" << algo_name(algo) << "'");
+    default:  // choose_algorithm offers allreduce nothing else
+      COHORT_THROW("allreduce cannot run '" << algo_name(c.algo) << "'");
   }
-  if (e.desc().op == RedOp::avg) divide(out, count, e.desc().dtype, e.size());
+  if (c.desc.op == RedOp::avg) divide(out, count, c.desc.dtype, e.size());
 }
 
 }  // namespace cohort::comm::detail

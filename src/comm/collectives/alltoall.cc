@@ -1,15 +1,18 @@
 // alltoall: every pair exchanges directly, all transfers posted at once.
 #include <cstring>
 
-#include "../engine.h"
+#include "collectives.h"
 
 namespace cohort::comm::detail {
 
-void alltoall(Engine& e, const void* in_v, void* out_v, size_t count) {
+void alltoall(Engine& e, const Call& c) {
+  const void* in_v = c.send;
+  void* out_v = c.recv;
+  const size_t count = c.count();
   auto* in = static_cast<const uint8_t*>(in_v);
   auto* out = static_cast<uint8_t*>(out_v);
   const int n = e.size(), me = e.rank();
-  const size_t bytes = count * e.esize();
+  const size_t bytes = count * c.esize();
   const uint8_t* src = in;
   if (in == out) {  // in place: keep a copy of what we send
     auto* tmp = static_cast<uint8_t*>(e.scratch(bytes * static_cast<size_t>(n), 1));
@@ -24,7 +27,7 @@ void alltoall(Engine& e, const void* in_v, void* out_v, size_t count) {
     recvs.push_back({from, out + static_cast<size_t>(from) * bytes, bytes});
   }
   std::memmove(out + static_cast<size_t>(me) * bytes, src + static_cast<size_t>(me) * bytes, bytes);
-  if (n > 1) e.exchange(sends, recvs);
+  if (n > 1) e.exchange(c, sends, recvs);
 }
 
 }  // namespace cohort::comm::detail

@@ -2,12 +2,13 @@
 // for large ones, which moves 2(n-1)/n of the data per rank instead of log2(n) times all of it.
 #include <cstring>
 
-#include "../engine.h"
 #include "cohort/core/error.h"
+#include "collectives.h"
 
 namespace cohort::comm::detail {
 
-void tree_broadcast(Engine& e, const Group& g, uint8_t* buf, size_t bytes, int root_index) {
+void tree_broadcast(Engine& e, const Call& c, const Group& g, uint8_t* buf, size_t bytes,
+                    int root_index) {
   const int n = g.size();
   if (n == 1) return;
   const int vr = (g.me - root_index + n) % n;
@@ -15,7 +16,7 @@ void tree_broadcast(Engine& e, const Group& g, uint8_t* buf, size_t bytes, int r
   int mask = 1;
   while (mask < n) {
     if (vr & mask) {
-      e.exchange({}, {{real(vr - mask), buf, bytes}});
+      e.exchange(c, {}, {{real(vr - mask), buf, bytes}});
       break;
     }
     mask <<= 1;
@@ -24,17 +25,19 @@ void tree_broadcast(Engine& e, const Group& g, uint8_t* buf, size_t bytes, int r
   for (mask >>= 1; mask > 0; mask >>= 1) {
     if (vr + mask < n) sends.push_back({real(vr + mask), buf, bytes});
   }
-  if (!sends.empty()) e.exchange(sends, {});
+  if (!sends.empty()) e.exchange(c, sends, {});
 }
 
-void broadcast(Engine& e, const void* in, void* out_v, size_t count, int root, Algo algo) {
-  auto* out = static_cast<uint8_t*>(out_v);
-  const size_t es = e.esize(), bytes = count * es;
+void broadcast(Engine& e, const Call& c) {
+  const void* in = c.send;
+  auto* out = static_cast<uint8_t*>(c.recv);
+  const size_t count = c.count();
+  const int root = c.root();
+  const size_t es = c.esize(), bytes = count * es;
   if (e.rank() == root && in != out) std::memmove(out, in, bytes);
-  if (algo == Algo::automatic) algo = e.pick(Collective::broadcast, bytes);
   const Group& g = e.natural();
   const int n = g.size();
-  if (algo == Algo::ring && n > 2) {
+  if (c.algo == Algo::ring) {
     // Scatter: the root sends block i to rank i; then every rank rings its block around.
     if (e.rank() == root) {
       std::vector<SendOp> sends;
@@ -42,19 +45,16 @@ void broadcast(Engine& e, const void* in, void* out_v, size_t count, int root, A
         if (i == root) continue;
         sends.push_back({i, out + block_offset(count, n, i) * es, block_count(count, n, i) * es});
       }
-      e.exchange(sends, {});
+      e.exchange(c, sends, {});
     } else {
       const int me = e.rank();
-      e.exchange({},
+      e.exchange(c, {},
                  {{root, out + block_offset(count, n, me) * es, block_count(count, n, me) * es}});
     }
-    ring_allgather(e, g, out, count, g.me);
+    ring_allgather(e, c, g, out, count, g.me);
     return;
   }
-  if (algo != Algo::tree && algo != Algo::ring) {
-    COHORT_THROW("broadcast has no algorithm '" << algo_name(algo) << "'");
-  }
-  tree_broadcast(e, g, out, bytes, root);
+  tree_broadcast(e, c, g, out, bytes, root);
 }
 
 }  // namespace cohort::comm::detail

@@ -1,15 +1,19 @@
 // gather: the root receives from every rank at once.
 #include <cstring>
 
-#include "../engine.h"
+#include "collectives.h"
 
 namespace cohort::comm::detail {
 
-void gather(Engine& e, const void* in, void* out_v, size_t count, int root) {
+void gather(Engine& e, const Call& c) {
+  const void* in = c.send;
+  void* out_v = c.recv;
+  const size_t count = c.count();
+  const int root = c.root();
   const int n = e.size(), me = e.rank();
-  const size_t bytes = count * e.esize();
+  const size_t bytes = count * c.esize();
   if (me != root) {
-    e.exchange({{root, in, bytes}}, {});
+    e.exchange(c, {{root, in, bytes}}, {});
     return;
   }
   auto* out = static_cast<uint8_t*>(out_v);
@@ -18,7 +22,7 @@ void gather(Engine& e, const void* in, void* out_v, size_t count, int root) {
   for (int i = 0; i < n; ++i) {
     if (i != me) recvs.push_back({i, out + static_cast<size_t>(i) * bytes, bytes});
   }
-  if (!recvs.empty()) e.exchange({}, recvs);
+  if (!recvs.empty()) e.exchange(c, {}, recvs);
 }
 
 }  // namespace cohort::comm::detail

@@ -12,7 +12,7 @@
 
 namespace cohort::comm {
 
-Work make_done_work(const char* algo);
+Work make_done_work(const char* algo, const char* reason);
 
 namespace {
 
@@ -127,59 +127,59 @@ class MpiComm final : public Communicator {
     check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, icount(n), mpi_type(t), mpi_op(t, op), comm_),
           "Allreduce");
     if (op == RedOp::avg) divide(r, n, t, size_);
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   Work reduce_scatter(const void* s, void* r, size_t n, DataType t, RedOp op,
                       CollOptions) override {
     check(MPI_Reduce_scatter_block(s, r, icount(n), mpi_type(t), mpi_op(t, op), comm_),
           "Reduce_scatter_block");
     if (op == RedOp::avg) divide(r, n, t, size_);
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   Work allgather(const void* s, void* r, size_t n, DataType t, CollOptions) override {
     const void* src = s == static_cast<uint8_t*>(r) + n * dtype_size(t) * rank_ ? MPI_IN_PLACE : s;
     check(MPI_Allgather(src, icount(n), mpi_type(t), r, icount(n), mpi_type(t), comm_),
           "Allgather");
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   Work broadcast(const void* s, void* r, size_t n, DataType t, int root, CollOptions) override {
     if (rank_ == root && s != r) std::memmove(r, s, n * dtype_size(t));
     check(MPI_Bcast(r, icount(n), mpi_type(t), root, comm_), "Bcast");
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   Work reduce(const void* s, void* r, size_t n, DataType t, RedOp op, int root,
               CollOptions) override {
     const void* src = (rank_ == root && s == r) ? MPI_IN_PLACE : s;
     check(MPI_Reduce(src, r, icount(n), mpi_type(t), mpi_op(t, op), root, comm_), "Reduce");
     if (rank_ == root && op == RedOp::avg) divide(r, n, t, size_);
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   Work alltoall(const void* s, void* r, size_t n, DataType t, CollOptions) override {
     check(MPI_Alltoall(s == r ? MPI_IN_PLACE : s, icount(n), mpi_type(t), r, icount(n), mpi_type(t),
                        comm_),
           "Alltoall");
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   Work gather(const void* s, void* r, size_t n, DataType t, int root, CollOptions) override {
     check(MPI_Gather(s, icount(n), mpi_type(t), r, icount(n), mpi_type(t), root, comm_), "Gather");
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   Work scatter(const void* s, void* r, size_t n, DataType t, int root, CollOptions) override {
     check(MPI_Scatter(s, icount(n), mpi_type(t), r, icount(n), mpi_type(t), root, comm_),
           "Scatter");
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   Work send(const void* d, size_t n, DataType t, int peer) override {
     check(MPI_Send(d, icount(n), mpi_type(t), peer, 0, comm_), "Send");
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   Work recv(void* d, size_t n, DataType t, int peer) override {
     check(MPI_Recv(d, icount(n), mpi_type(t), peer, 0, comm_, MPI_STATUS_IGNORE), "Recv");
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   Work barrier() override {
     check(MPI_Barrier(comm_), "Barrier");
-    return make_done_work("mpi");
+    return make_done_work("mpi", "Open MPI chooses");
   }
   std::shared_ptr<Communicator> split(int color, int key) override {
     MPI_Comm c;

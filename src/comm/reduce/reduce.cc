@@ -2,8 +2,8 @@
 
 #include <cstdint>
 
-#include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "cohort/core/settings.h"
 
 namespace cohort::comm {
 
@@ -16,7 +16,7 @@ void reduce(void* d, const void* a, const void* b, size_t n, DataType t, RedOp o
 
 namespace {
 bool use_avx2() {
-  static const bool yes = !env::flag("COHORT_NO_AVX2") && __builtin_cpu_supports("avx2") &&
+  static const bool yes = !env::Settings::read().no_avx2 && __builtin_cpu_supports("avx2") &&
                           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
   return yes;
 }

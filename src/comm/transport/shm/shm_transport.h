@@ -6,9 +6,9 @@
 #include <memory>
 #include <string>
 
+#include "../link.h"
 #include "../peer.h"
 #include "cohort/comm/store.h"
-#include "cohort/comm/transport.h"
 
 namespace cohort::comm {
 

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "../link.h"
 #include "../peer.h"
 #include "cohort/comm/socket.h"
 #include "cohort/comm/store.h"
-#include "cohort/comm/transport.h"
 
 namespace cohort::comm {
 

@@ -1,7 +1,7 @@
-// The transport interface. Like NCCL's network plugin, a transport only moves bytes: one Link
-// is an ordered, reliable byte stream in each direction between this rank and one peer, driven
-// by non-blocking calls (the engine's progress loop is the `test`). Framing, matching and
-// reduction live above it, once, for every transport.
+// The transport interface, internal to comm (users call the Communicator). Like NCCL's network
+// plugin, a transport only moves bytes: one Link is an ordered, reliable byte stream in each
+// direction between this rank and one peer, driven by non-blocking calls (the engine's progress
+// loop is the `test`). Framing, matching and reduction live above it, once, for every transport.
 #pragma once
 
 #include <cstddef>
