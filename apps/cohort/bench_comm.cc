@@ -14,6 +14,7 @@
 #include "cohort/core/clock.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "cohort/core/settings.h"
 #include "verbs.h"
 
 namespace cohort::cli {
@@ -32,10 +33,10 @@ void put(DataType t, void* p, size_t i, double v) {
       static_cast<double*>(p)[i] = v;
       break;
     case DataType::f16:
-      static_cast<uint16_t*>(p)[i] = comm::f32_to_f16(static_cast<float>(v));
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v));
       break;
     case DataType::bf16:
-      static_cast<uint16_t*>(p)[i] = comm::f32_to_bf16(static_cast<float>(v));
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v));
       break;
     case DataType::i32:
       static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
@@ -56,9 +57,9 @@ double get(DataType t, const void* p, size_t i) {
     case DataType::f64:
       return static_cast<const double*>(p)[i];
     case DataType::f16:
-      return comm::f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DataType::bf16:
-      return comm::bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DataType::i32:
       return static_cast<const int32_t*>(p)[i];
     case DataType::i64:
@@ -218,7 +219,9 @@ Run add_bench_comm(CLI::App& app) {
       // sleeps once instead of waking (and taking a core) after every call.
       for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();
       double us = seconds_since(t0) * 1e6 / o->iters;
-      std::string algo = works.empty() ? "" : works.back().algorithm();
+      // The algorithm chosen at issue, and why (cost model, forced by --algo, COHORT_ALGO).
+      const std::string algo = works.empty() ? "" : works.back().algorithm();
+      const std::string reason = works.empty() ? "" : works.back().reason();
       size_t wrong = 0;
       if (o->check) {
         std::memset(rb, 0, big * es);
@@ -253,9 +256,9 @@ Run add_bench_comm(CLI::App& app) {
       double algbw = static_cast<double>(big * es) / (us * 1e3);
       double busbw = algbw * bus_factor(kind, n);
       if (me == 0) {
-        std::printf("%13llu %12zu %6s %6s %12.2f %12.3f %12.3f %8zu %s\n",
+        std::printf("%13llu %12zu %6s %6s %12.2f %12.3f %12.3f %8zu %s (%s)\n",
                     static_cast<unsigned long long>(big * es), count, o->dtype.c_str(),
-                    o->redop.c_str(), us, algbw, busbw, wrong, algo.c_str());
+                    o->redop.c_str(), us, algbw, busbw, wrong, algo.c_str(), reason.c_str());
         std::fflush(stdout);
       }
       busbw_sum += busbw;
@@ -268,7 +271,8 @@ Run add_bench_comm(CLI::App& app) {
                       {"algbw", algbw},
                       {"busbw", busbw},
                       {"wrong", wrong},
-                      {"algo", algo}});
+                      {"algo", algo},
+                      {"algo_reason", reason}});
     }
     if (me == 0) {
       std::printf("# Out of bounds values : %zu %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
@@ -277,7 +281,7 @@ Run add_bench_comm(CLI::App& app) {
         nlohmann::json doc = {{"op", kind},
                               {"world", n},
                               {"backend", c->describe()},
-                              {"transport", env::get_or("COHORT_TRANSPORT", "auto")},
+                              {"transport", env::Settings::read().transport},
                               {"algo", o->algo},
                               {"rows", rows}};
         std::ofstream f(o->json);

@@ -13,6 +13,7 @@
 
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
+#include "cohort/core/half.h"
 #include "cohort/core/log.h"
 #include "cohort/core/rng.h"
 #include "cohort/data/image.h"
@@ -260,10 +261,7 @@ void Pipeline::run_task(size_t t) {
         uint16_t* o = reinterpret_cast<uint16_t*>(dst);
         for (size_t i = 0; i < plane; ++i) {
           const size_t at = opt_.layout == Layout::nchw ? c * plane + i : i * channels_ + c;
-          float v = q[i] * a + b;
-          uint32_t u;
-          std::memcpy(&u, &v, 4);
-          o[at] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest even
+          o[at] = f32_to_bf16(q[i] * a + b);
         }
       } else {
         const float a = inv * 255.f;

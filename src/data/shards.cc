@@ -12,7 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "cohort/comm/wire.h"
+#include "cohort/core/bytes.h"
 #include "cohort/core/error.h"
 #include "cohort/data/image.h"
 
@@ -93,7 +93,7 @@ PackSummary pack(const Source& src, const PackOptions& opt) {
     std::memcpy(h.magic, kMagic, 8);
     h.version = 1;
     if (std::fwrite(&h, sizeof(h), 1, f) != 1) fail("write");
-    comm::wire::Writer index;
+    bytes::Writer index;
     uint64_t offset = kHeaderBytes;
     uint32_t records = 0;
     std::vector<uint8_t> scratch;
@@ -216,7 +216,7 @@ class ShardSource final : public Source {
     if (crc32c(ix, h.index_bytes) != h.index_crc) COHORT_THROW(path << ": index checksum mismatch");
     std::vector<Record> out;
     try {
-      comm::wire::Reader rd(ix, h.index_bytes);
+      bytes::Reader rd(ix, h.index_bytes);
       for (uint32_t k = 0; k < h.records; ++k) {
         Record r;
         r.shard = static_cast<uint32_t>(maps_.size() - 1);
@@ -233,7 +233,7 @@ class ShardSource final : public Source {
         }
         out.push_back(std::move(r));
       }
-    } catch (const comm::wire::WireError& e) {
+    } catch (const bytes::FormatError& e) {
       COHORT_THROW(path << ": malformed index: " << e.message());
     }
     return out;

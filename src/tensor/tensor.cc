@@ -10,8 +10,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "cohort/comm/types.h"
 #include "cohort/core/env.h"
+#include "cohort/core/half.h"
 #include "cohort/core/settings.h"
 
 namespace cohort::tensor {
@@ -257,9 +257,9 @@ float load_as_f32(const void* base, DType t, int64_t i) {
     case DType::f32:
       return static_cast<const float*>(base)[i];
     case DType::bf16:
-      return comm::bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+      return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
     case DType::f16:
-      return comm::f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+      return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
     case DType::i64:
       return static_cast<float>(static_cast<const int64_t*>(base)[i]);
     case DType::u8:
@@ -274,10 +274,10 @@ void store_from_f32(void* base, DType t, int64_t i, float v) {
       static_cast<float*>(base)[i] = v;
       return;
     case DType::bf16:
-      static_cast<uint16_t*>(base)[i] = comm::f32_to_bf16(v);
+      static_cast<uint16_t*>(base)[i] = f32_to_bf16(v);
       return;
     case DType::f16:
-      static_cast<uint16_t*>(base)[i] = comm::f32_to_f16(v);
+      static_cast<uint16_t*>(base)[i] = f32_to_f16(v);
       return;
     case DType::i64:
       static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);

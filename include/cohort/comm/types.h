@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "cohort/core/half.h"
+
 namespace cohort::comm {
 
 enum class DataType : uint8_t { f32 = 0, f64, f16, bf16, i32, i64, u8 };
@@ -24,10 +26,10 @@ const char* redop_name(RedOp op);
 DataType parse_dtype(const std::string& s);  // throws naming the value
 RedOp parse_redop(const std::string& s);
 
-// IEEE half and bfloat16 conversions (round to nearest even).
-float f16_to_f32(uint16_t h);
-uint16_t f32_to_f16(float f);
-float bf16_to_f32(uint16_t h);
-uint16_t f32_to_bf16(float f);
+// f16 and bf16 values convert with core's f16_to_f32, f32_to_bf16, ... (cohort/core/half.h).
+using cohort::bf16_to_f32;
+using cohort::f16_to_f32;
+using cohort::f32_to_bf16;
+using cohort::f32_to_f16;
 
 }  // namespace cohort::comm

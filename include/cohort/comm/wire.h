@@ -7,50 +7,18 @@
 #include <string>
 #include <vector>
 
+#include "cohort/core/bytes.h"
 #include "cohort/core/error.h"
 
 namespace cohort::comm::wire {
 
-class WireError : public Error {
- public:
-  using Error::Error;
-};
+// Anything malformed on the wire; the field readers are core's (bytes.h).
+using WireError = bytes::FormatError;
+using bytes::Reader;
+using bytes::Writer;
 
 inline constexpr uint32_t kMaxFrame = 64u << 20;  // a store frame larger than this is rejected
 inline constexpr size_t kMaxKeys = 4096;
-
-class Writer {
- public:
-  void u8(uint8_t v) { buf_.push_back(static_cast<char>(v)); }
-  void u32(uint32_t v) { raw(&v, 4); }
-  void u64(uint64_t v) { raw(&v, 8); }
-  void str(const std::string& s) {
-    u32(static_cast<uint32_t>(s.size()));
-    buf_.append(s);
-  }
-  void raw(const void* p, size_t n) { buf_.append(static_cast<const char*>(p), n); }
-  const std::string& bytes() const { return buf_; }
-  std::string framed() const;  // u32 length prefix + bytes
-
- private:
-  std::string buf_;
-};
-
-class Reader {
- public:
-  Reader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
-  uint8_t u8();
-  uint32_t u32();
-  uint64_t u64();
-  std::string str();
-  bool done() const { return n_ == 0; }
-  void expect_done(const char* what) const;
-
- private:
-  void need(size_t k, const char* what) const;
-  const uint8_t* p_;
-  size_t n_;
-};
 
 // ---- store ----
 enum class StoreCmd : uint8_t { hello = 1, set, get, add, compare_set, wait, erase, num_keys };

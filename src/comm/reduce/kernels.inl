@@ -10,20 +10,11 @@ namespace cohort::comm::COHORT_KERNEL_NS {
 inline float h2f(uint16_t h) {
   return f16_to_f32(h);
 }
-
 inline float bf2f(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return bf16_to_f32(h);
 }
-
 inline uint16_t f2bf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  return f32_to_bf16(f);
 }
 
 template <typename T>
