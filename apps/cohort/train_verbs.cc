@@ -74,15 +74,21 @@ Run add_bench_train(CLI::App& app) {
       ->check(CLI::IsMember({"sgd", "adamw", "lars"}));
   app.add_option("--json", o->json, "Write the figures as JSON");
   app.add_option("--precision", o->precision, "Convolution and Linear compute: f32, bf16, f16")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, train::Precision>{{"f32", train::Precision::f32},
+                                                  {"bf16", train::Precision::bf16},
+                                                  {"f16", train::Precision::f16}}))
+      ->default_str("f32");
   app.add_flag("!--no-profile", o->profile, "Skip the per-op time split");
   app.add_option("--bucket-mb", o->ddp.bucket_mb, "DDP bucket size in MiB")->capture_default_str();
   app.add_option("--first-bucket-mb", o->ddp.first_bucket_mb, "DDP first bucket in MiB")
       ->capture_default_str();
   app.add_option("--grad-compression", o->ddp.compression, "none, bf16 or f16 on the wire")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"none", "bf16", "f16"}));
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, dist::Compression>{{"none", dist::Compression::none},
+                                                   {"bf16", dist::Compression::bf16},
+                                                   {"f16", dist::Compression::f16}}))
+      ->default_str("none");
   return [o]() -> int {
     train::bench_train(*o);
     return 0;

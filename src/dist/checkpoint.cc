@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "cohort/data/shards.h"
+#include "cohort/dist/ddp.h"
 #include "cohort/nn/safetensors.h"
 
 namespace cohort::dist {
@@ -106,6 +107,30 @@ RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer&
   pos.position = std::stoull(meta("position"));
   pos.seed = std::stoull(meta("seed"));
   pos.world = std::stoi(meta("world"));
+  return pos;
+}
+
+RunPosition resume_from_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt,
+                                   comm::Communicator* world) {
+  RunPosition pos;
+  if (!world || world->rank() == 0) pos = load_checkpoint(dir, m, opt);
+  if (!world || world->size() == 1) return pos;
+  int64_t f[6] = {
+      pos.step,  pos.epoch,  static_cast<int64_t>(pos.position), static_cast<int64_t>(pos.seed),
+      pos.world, opt.steps()};
+  world->broadcast(f, f, 6, comm::DataType::i64, 0).wait();
+  pos.step = f[0];
+  pos.epoch = f[1];
+  pos.position = static_cast<uint64_t>(f[2]);
+  pos.seed = static_cast<uint64_t>(f[3]);
+  pos.world = static_cast<int>(f[4]);
+  opt.set_steps(f[5]);
+  broadcast_parameters(m, *world);
+  broadcast_buffers(m, *world);
+  for (auto& [name, t] : opt.state()) {
+    world->broadcast(t->raw(), t->raw(), static_cast<size_t>(t->numel()), comm::DataType::f32, 0)
+        .wait();
+  }
   return pos;
 }
 

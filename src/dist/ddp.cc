@@ -9,8 +9,6 @@ namespace cohort::dist {
 
 Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
     : m_(m), comm_(std::move(c)), o_(std::move(o)) {
-  COHORT_CHECK(o_.compression == "none" || o_.compression == "bf16" || o_.compression == "f16",
-               "grad compression '" << o_.compression << "' (known: none, bf16, f16)");
   COHORT_CHECK(o_.first_bucket_mb > 0 && o_.bucket_mb > 0,
                "bucket sizes " << o_.first_bucket_mb << " and " << o_.bucket_mb << " MB");
   const auto& params = m_.params();
@@ -26,7 +24,7 @@ Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
   auto range_of = [&](Bucket& b, size_t i) {
     const nn::Param* p = params[i];
     const size_t n = static_cast<size_t>(p->value.numel());
-    if (b.params.empty()) b.end = p->offset + ((n + 15) & ~size_t{15});
+    if (b.params.empty()) b.end = p->offset + nn::flat_slot(n);
     b.begin = p->offset;
     b.params.push_back(static_cast<int>(i));
     bucket_of_[i] = static_cast<int>(buckets_.size());
@@ -47,8 +45,8 @@ Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
   }
   for (size_t i = tail_end; i-- > 0;) range_of(cur, i);
   if (!cur.params.empty()) buckets_.push_back(cur);
-  if (o_.compression != "none") {
-    const bool bf = o_.compression == "bf16";
+  if (o_.compression != Compression::none) {
+    const bool bf = o_.compression == Compression::bf16;
     wire_ = bf ? comm::DataType::bf16 : comm::DataType::f16;
     for (Bucket& b : buckets_) {
       b.wire = nn::Tensor::empty({static_cast<int64_t>(b.end - b.begin)},
@@ -57,23 +55,55 @@ Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
   }
 }
 
-void Ddp::broadcast_from_rank0() {
-  nn::Tensor& v = m_.flat_values();
-  comm_->broadcast(v.raw(), v.raw(), static_cast<size_t>(v.numel()), comm::DataType::f32, 0).wait();
-  broadcast_buffers();
+const char* compression_name(Compression c) {
+  switch (c) {
+    case Compression::none:
+      return "none";
+    case Compression::bf16:
+      return "bf16";
+    case Compression::f16:
+      return "f16";
+  }
+  return "invalid";
 }
 
-void Ddp::broadcast_buffers() {
-  for (nn::Buffer* b : m_.buffers()) {
+Compression parse_compression(const std::string& s) {
+  for (Compression c : {Compression::none, Compression::bf16, Compression::f16}) {
+    if (s == compression_name(c)) return c;
+  }
+  COHORT_THROW("grad compression '" << s << "' (known: none, bf16, f16)");
+}
+
+void broadcast_parameters(nn::Model& m, comm::Communicator& c, int root) {
+  nn::Tensor& v = m.flat_values();
+  c.broadcast(v.raw(), v.raw(), static_cast<size_t>(v.numel()), comm::DataType::f32, root).wait();
+}
+
+void broadcast_buffers(nn::Model& m, comm::Communicator& c, int root) {
+  for (nn::Buffer* b : m.buffers()) {
     const comm::DataType t =
         b->value.dtype() == tensor::DType::i64 ? comm::DataType::i64 : comm::DataType::f32;
-    comm_->broadcast(b->value.raw(), b->value.raw(), static_cast<size_t>(b->value.numel()), t, 0)
+    c.broadcast(b->value.raw(), b->value.raw(), static_cast<size_t>(b->value.numel()), t, root)
         .wait();
   }
 }
 
+void Ddp::broadcast_from_rank0() {
+  broadcast_parameters(m_, *comm_);
+  dist::broadcast_buffers(m_, *comm_);
+}
+
+void Ddp::broadcast_buffers() {
+  dist::broadcast_buffers(m_, *comm_);
+}
+
 double Ddp::since_prepare() const {
   return static_cast<double>(now_us() - prepared_at_us_) / 1e6;
+}
+
+void Ddp::backward(nn::Tape& tape, const nn::Var& loss, float loss_scale, bool sync) {
+  prepare(tape, sync);
+  tape.backward(loss, loss_scale / static_cast<float>(comm_->size()));
 }
 
 void Ddp::prepare(nn::Tape& tape, bool sync) {

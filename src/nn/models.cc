@@ -298,7 +298,7 @@ Model::Model(std::string name, std::unique_ptr<Module> root, const ModelOptions&
     Param* p = params_[i];
     p->index = static_cast<int>(i);
     p->offset = total;
-    total += (static_cast<size_t>(tensor::shape_numel(p->shape)) + 15) & ~size_t{15};
+    total += flat_slot(static_cast<size_t>(tensor::shape_numel(p->shape)));
   }
   values_ = Tensor::zeros({static_cast<int64_t>(total)});
   grads_ = Tensor::zeros({static_cast<int64_t>(total)});

@@ -66,6 +66,28 @@ ConfigKey str(const char* name, const char* help, std::string TrainConfig::*fiel
   return k;
 }
 
+// A key whose value is one of an enum's names.
+template <class E>
+ConfigKey choice(const char* name, const char* help, E TrainConfig::*field, std::vector<E> values,
+                 const char* (*name_of)(E)) {
+  ConfigKey k;
+  k.name = name;
+  k.help = help;
+  k.set = [=](TrainConfig& c, const std::string& v) {
+    std::string list;
+    for (E e : values) {
+      if (v == name_of(e)) {
+        c.*field = e;
+        return;
+      }
+      list += (list.empty() ? "" : ", ") + std::string(name_of(e));
+    }
+    COHORT_THROW("'" << name << "' must be one of " << list << ", got '" << v << "'");
+  };
+  k.get = [=](const TrainConfig& c) { return std::string(name_of(c.*field)); };
+  return k;
+}
+
 ConfigKey flag(const char* name, const char* help, bool TrainConfig::*field) {
   ConfigKey k;
   k.name = name;
@@ -83,6 +105,22 @@ std::string normalise(std::string key) {
 }
 
 }  // namespace
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::f32:
+      return "f32";
+    case Precision::bf16:
+      return "bf16";
+    case Precision::f16:
+      return "f16";
+  }
+  return "invalid";
+}
+
+const char* lr_scaling_name(LrScaling s) {
+  return s == LrScaling::linear ? "linear" : "none";
+}
 
 const std::vector<ConfigKey>& train_config_keys() {
   using C = TrainConfig;
@@ -103,8 +141,8 @@ const std::vector<ConfigKey>& train_config_keys() {
           {"cosine", "step", "constant"}),
       num("warmup-epochs", "Linear warmup length in epochs", &C::warmup_epochs, 0.0f, 1e6f),
       num("step-epochs", "step schedule: x0.1 every this many epochs", &C::step_epochs, 1, 1000000),
-      str("lr-scaling", "none, or linear: lr x global batch / reference batch", &C::lr_scaling,
-          {"none", "linear"}),
+      choice("lr-scaling", "none, or linear: lr x global batch / reference batch", &C::lr_scaling,
+             {LrScaling::none, LrScaling::linear}, lr_scaling_name),
       num("lr-reference-batch", "Reference batch of the linear scaling rule",
           &C::lr_reference_batch, 1, 1 << 30),
       num("label-smoothing", "Cross-entropy label smoothing", &C::label_smoothing, 0.0f, 0.99f),
@@ -126,8 +164,10 @@ const std::vector<ConfigKey>& train_config_keys() {
       num("bucket-mb", "DDP bucket size in MiB", &C::bucket_mb, 0.01f, 1e5f),
       num("first-bucket-mb", "DDP first bucket size in MiB (starts communication early)",
           &C::first_bucket_mb, 0.01f, 1e5f),
-      str("grad-compression", "Gradient buckets on the wire: none, bf16 or f16",
-          &C::grad_compression, {"none", "bf16", "f16"}),
+      choice("grad-compression", "Gradient buckets on the wire: none, bf16 or f16",
+             &C::grad_compression,
+             {dist::Compression::none, dist::Compression::bf16, dist::Compression::f16},
+             dist::compression_name),
       flag("sync-bn", "SyncBatchNorm: batch statistics over all ranks", &C::sync_bn),
       num("clip-grad-norm", "Clip gradients to this global norm (0: off)", &C::clip_grad_norm, 0.0f,
           1e9f),
@@ -137,8 +177,8 @@ const std::vector<ConfigKey>& train_config_keys() {
       str("resume", "Continue exactly from the checkpoint in this folder", &C::resume),
       str("baseline-json", "A 1-rank run's --json: report scaling efficiency against it",
           &C::baseline_json),
-      str("precision", "Convolution and Linear compute: f32, bf16 or f16 (f32 master weights)",
-          &C::precision, {"f32", "bf16", "f16"}),
+      choice("precision", "Convolution and Linear compute: f32, bf16 or f16 (f32 master weights)",
+             &C::precision, {Precision::f32, Precision::bf16, Precision::f16}, precision_name),
       num("loss-scale", "f16: initial dynamic loss scale", &C::loss_scale, 1.0f, 1e10f),
   };
   return keys;

@@ -119,7 +119,7 @@ TEST(Ddp, FourRanksWithAccumulationAndBucketsThatSplitTheModel) {
 
 TEST(Ddp, Bf16CompressedBucketsStayClose) {
   DdpOptions o;
-  o.compression = "bf16";
+  o.compression = Compression::bf16;
   equivalence(2, 1, o, 3e-2);
 }
 

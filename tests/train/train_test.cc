@@ -131,7 +131,7 @@ TEST(Training, F16DynamicLossScalingSkipsOverflowingSteps) {
   c.epochs = 3;
   c.batch = 16;
   c.image_size = 24;
-  c.precision = "f16";
+  c.precision = Precision::f16;
   c.epochs = 5;
   c.loss_scale = 1e7f;  // scaled gradients leave f16's range at once
   c.log_every = 100;
@@ -140,7 +140,7 @@ TEST(Training, F16DynamicLossScalingSkipsOverflowingSteps) {
   EXPECT_LT(r.skipped_steps, r.steps);
   EXPECT_TRUE(std::isfinite(r.final_loss));
   // bf16 trains too (or falls back to f32 where oneDNN has no bf16 here).
-  c.precision = "bf16";
+  c.precision = Precision::bf16;
   EXPECT_EQ(run_training(c).skipped_steps, 0);
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cohort/comm/communicator.h"
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
 
@@ -28,5 +29,10 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
 // Restores into m and opt; errors name the file and what does not match (model, shapes, CRC).
 RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt);
 std::string checkpoint_path(const std::string& dir);
+// Resume on every rank of `world` (null: this process alone): rank 0 reads the checkpoint (no
+// shared file system needed) and broadcasts the position, parameters, buffers and optimiser
+// state, so that every rank starts as rank 0 left off.
+RunPosition resume_from_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt,
+                                   comm::Communicator* world);
 
 }  // namespace cohort::dist

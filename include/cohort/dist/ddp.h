@@ -18,10 +18,15 @@
 
 namespace cohort::dist {
 
+// What the gradient buckets travel as: f32 (none), or converted to bf16 or f16 for the wire.
+enum class Compression { none, bf16, f16 };
+const char* compression_name(Compression c);
+Compression parse_compression(const std::string& s);  // throws naming the value and the choices
+
 struct DdpOptions {
   double first_bucket_mb = 1.0;
   double bucket_mb = 25.0;
-  std::string compression = "none";  // none | bf16 | f16: the wire type of the buckets
+  Compression compression = Compression::none;
 };
 
 struct Bucket {
@@ -42,12 +47,12 @@ class Ddp {
   // Every rank takes rank 0's buffers (BatchNorm's running statistics, which plain BatchNorm
   // updates from each rank's own batches), before evaluation or a checkpoint.
   void broadcast_buffers();
-  // What backward must scale the loss gradient by (1 / world): the buckets are then summed,
-  // which leaves the average.
-  float gradient_scale() const { return 1.0f / static_cast<float>(comm_->size()); }
-  // Arms the hooks on this step's tape. With sync = false (all but the last micro-batch of an
-  // accumulation), gradients only accumulate locally, as PyTorch's no_sync().
-  void prepare(nn::Tape& tape, bool sync);
+  // Backward of one micro-batch under DDP: arms the hooks on its tape, then runs it. DDP owns
+  // the averaging: the loss gradient is scaled by loss_scale / world here, and the buckets are
+  // summed, which leaves the average (an `avg` allreduce cost the collective another pass, 42%
+  // more). With sync = false (all but the last micro-batch of an accumulation), gradients only
+  // accumulate locally, as PyTorch's no_sync().
+  void backward(nn::Tape& tape, const nn::Var& loss, float loss_scale, bool sync);
   // Waits for every bucket (launching any a rank's graph never finished) and leaves the
   // averaged gradients in the flat buffer. Returns the seconds spent waiting.
   double finish();
@@ -60,6 +65,7 @@ class Ddp {
   comm::Communicator& communicator() { return *comm_; }
 
  private:
+  void prepare(nn::Tape& tape, bool sync);
   void on_ready(nn::Param& p);
   void launch(Bucket& b);
   double since_prepare() const;
@@ -75,6 +81,11 @@ class Ddp {
   int64_t prepared_at_us_ = 0;
   double backward_end_s_ = 0;
 };
+
+// Every rank takes `root`'s parameters (the flat value buffer) and buffers (BatchNorm's running
+// statistics): at the start of a run, after a resume, before evaluation.
+void broadcast_parameters(nn::Model& m, comm::Communicator& c, int root = 0);
+void broadcast_buffers(nn::Model& m, comm::Communicator& c, int root = 0);
 
 // SyncBatchNorm: every BatchNorm2d of the model takes its batch statistics over all ranks, on
 // a communicator of its own (split from c) so that its small reductions never queue behind

@@ -11,6 +11,13 @@
 
 namespace cohort::nn {
 
+// The padding rule of the flat buffers, in one place: a parameter of n elements occupies a slot
+// of n rounded up to 16 floats (64 bytes), so that every parameter starts 64-byte aligned. DDP
+// buckets (and shards) cover whole slots.
+inline size_t flat_slot(size_t numel) {
+  return (numel + 15) & ~size_t{15};
+}
+
 struct ModelOptions {
   int in_channels = 3;  // 1 for grayscale scans
   int num_classes = 1000;

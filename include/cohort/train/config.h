@@ -7,7 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "cohort/dist/ddp.h"
+
 namespace cohort::train {
+
+// Choices given as names in flags and files, parsed once where the configuration is read.
+enum class Precision { f32, bf16, f16 };  // convolutions and Linear layers
+enum class LrScaling { none, linear };    // linear: lr x global batch / reference batch
+const char* precision_name(Precision p);
+const char* lr_scaling_name(LrScaling s);
 
 struct TrainConfig {
   std::string model = "resnet18";
@@ -21,8 +29,8 @@ struct TrainConfig {
   bool nesterov = false;
   std::string schedule = "cosine";  // cosine | step | constant
   float warmup_epochs = 0;
-  int step_epochs = 30;             // step schedule: x0.1 every this many epochs
-  std::string lr_scaling = "none";  // none | linear (Goyal et al., reference batch 256)
+  int step_epochs = 30;                    // step schedule: x0.1 every this many epochs
+  LrScaling lr_scaling = LrScaling::none;  // Goyal et al., reference batch 256
   int lr_reference_batch = 256;
   float label_smoothing = 0;
   int image_size = 224;
@@ -38,14 +46,14 @@ struct TrainConfig {
   // Data parallel (under cohort launch, torchrun, mpirun or srun).
   int accum_steps = 1;  // micro-batches per optimiser step; only the last communicates
   float bucket_mb = 25, first_bucket_mb = 1;
-  std::string grad_compression = "none";  // none | bf16 | f16 on the wire
+  dist::Compression grad_compression = dist::Compression::none;  // the buckets on the wire
   bool sync_bn = false;
   float clip_grad_norm = 0;      // 0: off
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when checkpoint-dir is set
   std::string checkpoint_dir, resume, baseline_json;
   // Mixed precision: convolutions and Linear layers in bf16 or f16 (f32 master weights,
   // gradients and optimiser state); f16 adds dynamic loss scaling.
-  std::string precision = "f32";
+  Precision precision = Precision::f32;
   float loss_scale = 65536;  // f16: the initial dynamic loss scale
 };
 

@@ -28,7 +28,8 @@ struct StepTimes {
 
 // Forward and backward of one micro-batch, adding its gradients (of loss x loss_scale) into
 // the model's flat gradient buffer; `ddp`, when given, is armed on the tape first (sync: this
-// micro-batch's gradients are communicated). Returns the batch's loss.
+// micro-batch's gradients are communicated; DDP scales the loss gradient for the average over
+// ranks). Returns the batch's loss.
 float forward_backward(nn::Model& m, const Tensor& x, const Targets& t, float label_smoothing,
                        float loss_scale, dist::Ddp* ddp, bool sync, StepTimes* times);
 
@@ -66,9 +67,9 @@ struct BenchTrainOptions {
   int steps = 10, warmup = 3, threads = 0;
   std::string optimizer = "sgd";
   std::string json;
-  bool profile = true;
-  dist::DdpOptions ddp;           // under a launcher with several ranks
-  std::string precision = "f32";  // time every kind of op and report the split
+  bool profile = true;   // time every kind of op and report the split
+  dist::DdpOptions ddp;  // under a launcher with several ranks
+  Precision precision = Precision::f32;
 };
 
 struct BenchTrainResult {

@@ -1,0 +1,139 @@
+// `cohort bench train`: forward + backward + optimiser steps on synthetic data, timed, with the
+// time per kind of op; under a launcher with DDP, the global images/s and every rank's step.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cohort/core/clock.h"
+#include "cohort/core/error.h"
+#include "cohort/nn/init.h"
+#include "cohort/nn/layers.h"
+#include "cohort/train/metrics.h"
+#include "run.h"
+
+namespace cohort::train {
+
+BenchTrainResult bench_train(const BenchTrainOptions& o) {
+  COHORT_CHECK(o.steps > 0 && o.warmup >= 0 && o.batch > 0,
+               "bench train: steps " << o.steps << ", warmup " << o.warmup);
+  comm::JobEnv job = comm::detect_job_env();
+  default_threads(o.threads, job);
+  std::shared_ptr<comm::Communicator> world;
+  if (job.world > 1) world = comm::init();
+  const bool lead = job.rank == 0;
+  const std::string precision_note = apply_precision(o.precision);
+  auto model =
+      nn::make_model(o.model, nn::ModelOptions{o.in_channels, o.num_classes, o.image_size, 0});
+  nn::OptimOptions oo;
+  oo.kind = o.optimizer;
+  auto opt = nn::make_optimizer(*model, oo);
+  std::unique_ptr<dist::Ddp> ddp;
+  if (world) {
+    ddp = std::make_unique<dist::Ddp>(*model, world, o.ddp);
+    ddp->broadcast_from_rank0();
+  }
+  Tensor x = Tensor::empty({o.batch, o.in_channels, o.image_size, o.image_size});
+  nn::init::normal(x, 0.0, 1.0, 17 + static_cast<uint64_t>(job.rank));
+  x = x.channels_last();
+  Targets t;
+  for (int i = 0; i < o.batch; ++i) t.classes.push_back((i * 7919 + job.rank) % o.num_classes);
+
+  if (lead) {
+    std::printf(
+        "# cohort bench train: %s, batch %d per rank, %dx%dx%d, %d rank(s), %d threads "
+        "per rank, %s, %d steps after %d warmup\n",
+        o.model.c_str(), o.batch, o.in_channels, o.image_size, o.image_size, job.world,
+        tensor::threads(), o.optimizer.c_str(), o.steps, o.warmup);
+    std::printf("# precision %s\n", precision_note.c_str());
+    if (ddp) {
+      std::printf("# DDP: %zu buckets (first %.2g MiB, then %.3g MiB), wire %s, %s\n",
+                  ddp->buckets().size(), o.ddp.first_bucket_mb, o.ddp.bucket_mb,
+                  dist::compression_name(o.ddp.compression), world->describe().c_str());
+    }
+  }
+  for (int i = 0; i < o.warmup; ++i)
+    train_step(*model, *opt, x, t, 0.01f, 0.0f, nullptr, ddp.get());
+  if (world) world->barrier().wait();
+  nn::profile::reset();
+  nn::profile::enable(o.profile);
+  StepTimes times;
+  std::vector<double> ms;
+  for (int i = 0; i < o.steps; ++i) {
+    auto t0 = Clock::now();
+    const float loss = train_step(*model, *opt, x, t, 0.01f, 0.0f, &times, ddp.get());
+    ms.push_back(1e3 * seconds_since(t0));
+    COHORT_CHECK(std::isfinite(loss), "bench train: loss " << loss << " at step " << i);
+  }
+  nn::profile::enable(false);
+  BenchTrainResult r;
+  r.world = job.world;
+  double sum = 0;
+  for (double v : ms) sum += v;
+  r.ms_per_step = sum / o.steps;
+  r.ms_min = *std::min_element(ms.begin(), ms.end());
+  std::vector<double> per_rank(static_cast<size_t>(job.world), r.ms_per_step);
+  if (world) {
+    world->allgather(&r.ms_per_step, per_rank.data(), 1, comm::DataType::f64).wait();
+  }
+  const double slowest = *std::max_element(per_rank.begin(), per_rank.end());
+  r.images_per_s = 1e3 * o.batch * job.world / slowest;
+  r.ms_forward = 1e3 * times.forward / o.steps;
+  r.ms_backward = 1e3 * times.backward / o.steps;
+  r.ms_optimizer = 1e3 * times.optimizer / o.steps;
+  r.ms_comm_wait = 1e3 * times.comm_wait / o.steps;
+  r.peak_rss = peak_rss_bytes();
+  r.threads = tensor::threads();
+  if (!lead) return r;
+  const tensor::AllocatorStats mem = tensor::Allocator::cpu().stats();
+  std::printf(
+      "ms/step %.1f (min %.1f)  images/s %.2f%s  forward %.1f  backward %.1f  exposed "
+      "comm %.1f  optimizer %.1f ms  peak RSS %.0f MB (tensors at most %.0f MB)\n",
+      r.ms_per_step, r.ms_min, r.images_per_s, job.world > 1 ? " (all ranks)" : "", r.ms_forward,
+      r.ms_backward, r.ms_comm_wait, r.ms_optimizer, r.peak_rss / 1e6, mem.peak_in_use / 1e6);
+  if (job.world > 1) {
+    std::printf("ms/step per rank:");
+    for (double v : per_rank) std::printf(" %.1f", v);
+    std::printf("\n");
+  }
+  nlohmann::json split = nlohmann::json::array();
+  if (o.profile) {
+    std::printf("%-14s %10s %7s %8s\n", "op", "ms/step", "share", "calls");
+    for (const auto& e : nn::profile::entries()) {
+      const double per = 1e3 * e.seconds / o.steps;
+      std::printf("%-14s %10.2f %6.1f%% %8llu\n", e.op.c_str(), per, 100 * per / r.ms_per_step,
+                  static_cast<unsigned long long>(e.calls / o.steps));
+      split.push_back({{"op", e.op}, {"ms_per_step", per}, {"calls_per_step", e.calls / o.steps}});
+    }
+  }
+  if (!o.json.empty()) {
+    nlohmann::json j = {{"model", o.model},
+                        {"batch", o.batch},
+                        {"image_size", o.image_size},
+                        {"in_channels", o.in_channels},
+                        {"threads", r.threads},
+                        {"world", r.world},
+                        {"precision", precision_name(o.precision)},
+                        {"steps", o.steps},
+                        {"warmup", o.warmup},
+                        {"ms_per_step", r.ms_per_step},
+                        {"ms_per_step_per_rank", per_rank},
+                        {"ms_min", r.ms_min},
+                        {"ms_each", ms},
+                        {"images_per_s", r.images_per_s},
+                        {"ms_forward", r.ms_forward},
+                        {"ms_backward", r.ms_backward},
+                        {"ms_comm_wait", r.ms_comm_wait},
+                        {"ms_optimizer", r.ms_optimizer},
+                        {"peak_rss_bytes", r.peak_rss},
+                        {"peak_tensor_bytes", mem.peak_in_use},
+                        {"split", split}};
+    std::ofstream f(o.json);
+    if (!f) COHORT_THROW("cannot write --json file '" << o.json << "'");
+    f << j.dump(2) << "\n";
+  }
+  return r;
+}
+
+}  // namespace cohort::train

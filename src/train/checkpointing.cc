@@ -1,0 +1,25 @@
+// Checkpointing from the training loop: where the run stands after a step, and writing it
+// (rank 0; dist's checkpoint code makes the write crash-safe and the resume collective).
+#include "cohort/core/clock.h"
+#include "run.h"
+
+namespace cohort::train {
+
+dist::RunPosition position_after(const Run& r, int64_t step, int64_t epoch, int64_t in_epoch) {
+  dist::RunPosition at = r.pos;
+  at.step = step;
+  const bool epoch_done = in_epoch == r.per_epoch;
+  at.epoch = epoch_done ? epoch + 1 : epoch;
+  at.position = epoch_done ? 0 : static_cast<uint64_t>(in_epoch * r.global_batch);
+  return at;
+}
+
+void write_checkpoint(const Run& r, const dist::RunPosition& at) {
+  if (!r.lead || r.c.checkpoint_dir.empty()) return;
+  auto t0 = Clock::now();
+  dist::save_checkpoint(r.c.checkpoint_dir, *r.model, *r.opt, at);
+  r.say("train: checkpoint at step %lld written to %s (%.2f s)\n", static_cast<long long>(at.step),
+        dist::checkpoint_path(r.c.checkpoint_dir).c_str(), seconds_since(t0));
+}
+
+}  // namespace cohort::train

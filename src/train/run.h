@@ -1,0 +1,68 @@
+// The parts of a training run, internal to train. set_up() builds everything the loop reads
+// (setup.cc); the loop itself is run_training (trainer.cc); the step (step.cc), validation
+// (evaluate.cc), checkpointing (checkpointing.cc), loss scaling (loss_scaler.cc) and the
+// progress meter (progress.cc) are its named parts.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cohort/comm/communicator.h"
+#include "cohort/data/pipeline.h"
+#include "cohort/data/source.h"
+#include "cohort/dist/checkpoint.h"
+#include "cohort/dist/ddp.h"
+#include "cohort/nn/model.h"
+#include "cohort/nn/optim.h"
+#include "cohort/train/config.h"
+#include "cohort/train/trainer.h"
+
+namespace cohort::train {
+
+struct Run {
+  TrainConfig c;
+  comm::JobEnv job;
+  std::shared_ptr<comm::Communicator> world;  // null with one rank
+  bool lead = true;                           // rank 0 prints and writes
+  std::shared_ptr<data::Source> source;
+  int classes = 0, in_channels = 0;
+  std::unique_ptr<data::Pipeline> train, val;
+  std::unique_ptr<nn::Model> model;
+  std::unique_ptr<nn::Optimizer> opt;
+  std::unique_ptr<dist::Ddp> ddp;  // with several ranks
+  int64_t per_epoch = 0;           // optimiser steps per epoch
+  int64_t total = 0;               // steps of the whole run
+  int64_t global_batch = 0;        // samples per optimiser step, all ranks
+  float lr = 0;                    // after the scaling rule
+  nn::LrSchedule sched;
+  dist::RunPosition pos;  // where the run starts (after a resume: the checkpoint's)
+  std::string precision_note;
+
+  // printf on rank 0 only.
+  template <class... A>
+  void say(const char* fmt, A... args) const {
+    if (!lead) return;
+    std::printf(fmt, args...);
+    std::fflush(stdout);
+  }
+};
+
+// Everything before the first step: the world, threads, precision, data, model, optimiser,
+// DDP, the schedule and the resume; prints what the run is.
+Run set_up(const TrainConfig& c);
+
+// Shared by cohort train and cohort bench train.
+void default_threads(int asked, const comm::JobEnv& job);
+std::string apply_precision(Precision p);  // sets the compute type; says what runs in what
+
+// A pipeline batch as the model's input (a view, no copy) and its targets.
+Tensor batch_tensor(const data::Batch& b);
+Targets batch_targets(const data::Batch& b, bool multilabel, int classes);
+
+// Writes a checkpoint at `at` (rank 0, when --checkpoint-dir is set) and says so.
+void write_checkpoint(const Run& r, const dist::RunPosition& at);
+// Where the run stands after `step` steps, `in_epoch` of them in `epoch`.
+dist::RunPosition position_after(const Run& r, int64_t step, int64_t epoch, int64_t in_epoch);
+
+}  // namespace cohort::train

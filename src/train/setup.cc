@@ -1,0 +1,198 @@
+// A training run's set-up: the world, compute threads and precision, the data pipelines, the
+// model and optimiser, DDP (and SyncBN), the learning-rate schedule, the resume, and the lines
+// that say what the run is.
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "cohort/core/error.h"
+#include "cohort/nn/layers.h"
+#include "run.h"
+
+namespace cohort::train {
+
+namespace {
+
+data::PipelineOptions pipeline_options(const TrainConfig& c, bool train, int world, int rank) {
+  data::PipelineOptions po;
+  po.batch = c.batch;
+  po.workers = c.workers;
+  po.size = c.image_size;
+  po.seed = c.seed;
+  po.train = train;
+  po.crop_scale_min = c.crop_scale;
+  po.resize = c.image_size;  // validation sees the whole (square) scan
+  po.layout = data::Layout::nhwc;
+  po.out = data::OutType::f32;
+  po.channels = c.in_channels == 3 ? 3 : 0;
+  po.world = world;
+  po.rank = rank;
+  po.shuffle = train;
+  return po;
+}
+
+void announce(const Run& r) {
+  const TrainConfig& c = r.c;
+  r.say(
+      "train: %s (%lld parameters, %d input channels, %d %s) on %s: %zu samples, %d rank(s), "
+      "%lld steps/epoch, batch %d x %d ranks x %d accumulation = %lld, %d compute threads, %d "
+      "data workers\n",
+      c.model.c_str(), static_cast<long long>(r.model->num_parameters()), r.in_channels, r.classes,
+      c.multilabel ? "findings" : "classes", c.data.c_str(), r.source->size(), r.job.world,
+      static_cast<long long>(r.per_epoch), c.batch, r.job.world, c.accum_steps,
+      static_cast<long long>(r.global_batch), tensor::threads(), c.workers);
+  if (r.ddp) {
+    r.say("train: DDP over %s; %zu buckets (first %.2g MiB, then %.3g MiB), wire %s%s\n",
+          r.world->describe().c_str(), r.ddp->buckets().size(), c.first_bucket_mb, c.bucket_mb,
+          c.grad_compression == dist::Compression::none
+              ? "f32"
+              : dist::compression_name(c.grad_compression),
+          c.sync_bn ? ", SyncBatchNorm" : "");
+  }
+  r.say("train: precision %s\n", r.precision_note.c_str());
+  if (c.lr_scaling == LrScaling::linear) {
+    r.say(
+        "train: lr %g x global batch %lld / %d = %g (linear scaling rule), warmup %lld steps, "
+        "then %s\n",
+        c.lr, static_cast<long long>(r.global_batch), c.lr_reference_batch, r.lr,
+        static_cast<long long>(r.sched.warmup_steps), c.schedule.c_str());
+  } else {
+    r.say("train: lr %g, warmup %lld steps, then %s\n", r.lr,
+          static_cast<long long>(r.sched.warmup_steps), c.schedule.c_str());
+  }
+}
+
+}  // namespace
+
+// Compute threads when none were asked for: the cores this rank may run on, shared with the
+// other ranks of this host when the launcher did not bind ranks to cores of their own.
+void default_threads(int asked, const comm::JobEnv& job) {
+  if (asked > 0) {
+    tensor::set_threads(asked);
+    return;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return;
+  const int mine = CPU_COUNT(&set);
+  const int all = static_cast<int>(std::thread::hardware_concurrency());
+  const int share = mine >= all ? std::max(1, mine / std::max(1, job.local_world)) : mine;
+  tensor::set_threads(share);
+}
+
+std::string apply_precision(Precision p) {
+  if (p == Precision::f32) {
+    nn::set_compute_type(tensor::DType::f32);
+    return "f32";
+  }
+  const std::string name = precision_name(p);
+  const tensor::DType t = p == Precision::bf16 ? tensor::DType::bf16 : tensor::DType::f16;
+  const bool f16 = p == Precision::f16;
+  if (nn::compute_type_supported(t)) {
+    nn::set_compute_type(t);
+    return name + ": convolutions and Linear layers in " + name +
+           " (inputs converted on the way in), batch norm, activations, losses, gradients, "
+           "master weights and optimiser state in f32" +
+           (f16 ? "; dynamic loss scaling" : "");
+  }
+  nn::set_compute_type(tensor::DType::f32);
+  return name + " requested, but oneDNN has no " + name +
+         " convolutions on this CPU: everything computes in f32" +
+         (f16 ? " (dynamic loss scaling still applies)" : "");
+}
+
+Run set_up(const TrainConfig& c) {
+  COHORT_CHECK(!c.data.empty(), "cohort train needs --data (or 'data' in the config file)");
+  Run r;
+  r.c = c;
+  r.job = comm::detect_job_env();
+  if (r.job.world > 1) r.world = comm::init();
+  r.lead = r.job.rank == 0;
+  default_threads(c.threads, r.job);
+  r.precision_note = apply_precision(c.precision);
+
+  r.source = data::open_source(c.data);
+  COHORT_CHECK(r.source->size() > 0, "training data " << c.data << " holds no samples");
+  r.classes = c.num_classes;
+  if (r.classes == 0) {
+    int mx = -1;
+    for (size_t i = 0; i < r.source->size(); ++i)
+      for (int l : r.source->labels(i)) mx = std::max(mx, l);
+    r.classes = std::max(mx + 1, 2);
+  }
+  r.train = std::make_unique<data::Pipeline>(r.source,
+                                             pipeline_options(c, true, r.job.world, r.job.rank));
+  if (!c.val.empty()) {
+    r.val = std::make_unique<data::Pipeline>(data::open_source(c.val),
+                                             pipeline_options(c, false, r.job.world, r.job.rank));
+  }
+  r.in_channels = r.train->channels();
+  COHORT_CHECK(
+      c.in_channels == 0 || c.in_channels == r.in_channels,
+      "in-channels " << c.in_channels << " but " << c.data << " decodes to " << r.in_channels);
+
+  r.model =
+      nn::make_model(c.model, nn::ModelOptions{r.in_channels, r.classes, c.image_size, c.seed});
+  nn::OptimOptions oo;
+  oo.kind = c.optimizer;
+  oo.momentum = c.momentum;
+  oo.nesterov = c.nesterov;
+  oo.weight_decay = c.weight_decay;
+  r.opt = nn::make_optimizer(*r.model, oo);
+
+  r.per_epoch = static_cast<int64_t>(r.train->batches_per_epoch()) / c.accum_steps;
+  COHORT_CHECK(r.per_epoch > 0, c.data << ": " << r.train->batches_per_epoch()
+                                       << " batches per rank per epoch, fewer than accum-steps "
+                                       << c.accum_steps);
+  if (r.world) {
+    // Every rank must see the same number of steps, or the ones with more would wait forever
+    // in an allreduce: compare before the first step (the sampler pads, so only different data
+    // or options per rank get here).
+    int64_t mine[2] = {r.per_epoch, -r.per_epoch}, all[2];
+    r.world->allreduce(mine, all, 2, comm::DataType::i64, comm::RedOp::min).wait();
+    COHORT_CHECK(all[0] == r.per_epoch && -all[1] == r.per_epoch,
+                 "ranks disagree on the steps per epoch: rank "
+                     << r.job.rank << " has " << r.per_epoch << ", another has "
+                     << (all[0] != r.per_epoch ? all[0] : -all[1])
+                     << " (same --data, --batch and --accum-steps on every rank?)");
+    dist::DdpOptions d;
+    d.bucket_mb = c.bucket_mb;
+    d.first_bucket_mb = c.first_bucket_mb;
+    d.compression = c.grad_compression;
+    r.ddp = std::make_unique<dist::Ddp>(*r.model, r.world, d);
+    r.ddp->broadcast_from_rank0();
+    if (c.sync_bn) dist::sync_batch_norm(*r.model, r.world);
+  }
+
+  r.global_batch = int64_t{c.batch} * r.job.world * c.accum_steps;
+  r.lr = c.lr_scaling == LrScaling::linear
+             ? nn::linear_scaled_lr(c.lr, r.global_batch, c.lr_reference_batch)
+             : c.lr;
+  r.total = r.per_epoch * c.epochs;
+  if (c.max_steps > 0) r.total = std::min(r.total, c.max_steps);
+  r.sched.lr = r.lr;
+  r.sched.kind = c.schedule;
+  r.sched.warmup_steps = static_cast<int64_t>(std::llround(c.warmup_epochs * r.per_epoch));
+  r.sched.total_steps = r.per_epoch * c.epochs;
+  r.sched.step_every = int64_t{c.step_epochs} * r.per_epoch;
+
+  r.pos.seed = c.seed;
+  if (!c.resume.empty()) {
+    r.pos = dist::resume_from_checkpoint(c.resume, *r.model, *r.opt, r.world.get());
+    COHORT_CHECK(r.pos.seed == c.seed,
+                 c.resume << ": checkpoint seed " << r.pos.seed << ", this run's " << c.seed);
+    COHORT_CHECK(r.pos.position % static_cast<uint64_t>(r.global_batch) == 0,
+                 c.resume << ": position " << r.pos.position
+                          << " is not a whole number of global batches of " << r.global_batch);
+    r.say("train: resumed from %s at step %lld (epoch %lld, sample %llu)\n", c.resume.c_str(),
+          static_cast<long long>(r.pos.step), static_cast<long long>(r.pos.epoch),
+          static_cast<unsigned long long>(r.pos.position));
+  }
+  r.pos.world = r.job.world;  // this run's checkpoints record this run's world
+  announce(r);
+  return r;
+}
+
+}  // namespace cohort::train
