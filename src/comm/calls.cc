@@ -99,33 +99,29 @@ Work NativeComm::barrier() {
 
 // Point-to-point calls are numbered per peer and direction, so that they match whatever
 // collectives run in between.
-Work NativeComm::send(const void* data, size_t count, DataType t, int peer) {
-  validate_args("send", count, 0, peer);
+Work NativeComm::point_to_point(bool is_send, const void* send, void* recv, size_t count,
+                                DataType t, int peer) {
+  validate_args(is_send ? "send" : "recv", count, 0, peer);
   Call c;
   c.desc.coll = Coll::sendrecv;
   c.desc.dtype = t;
-  c.desc.seq = send_seq_[static_cast<size_t>(peer)]++;
+  c.desc.seq = (is_send ? send_seq_ : recv_seq_)[static_cast<size_t>(peer)]++;
   c.desc.count = count;
-  c.send = data;
+  c.send = send;
+  c.recv = recv;
   c.algo = Algo::direct;
   c.reason = "the only algorithm";
   c.peer = peer;
-  c.is_send = true;
+  c.is_send = is_send;
   return submit(c);
 }
 
+Work NativeComm::send(const void* data, size_t count, DataType t, int peer) {
+  return point_to_point(true, data, nullptr, count, t, peer);
+}
+
 Work NativeComm::recv(void* data, size_t count, DataType t, int peer) {
-  validate_args("recv", count, 0, peer);
-  Call c;
-  c.desc.coll = Coll::sendrecv;
-  c.desc.dtype = t;
-  c.desc.seq = recv_seq_[static_cast<size_t>(peer)]++;
-  c.desc.count = count;
-  c.recv = data;
-  c.algo = Algo::direct;
-  c.reason = "the only algorithm";
-  c.peer = peer;
-  return submit(c);
+  return point_to_point(false, nullptr, data, count, t, peer);
 }
 
 }  // namespace cohort::comm::detail

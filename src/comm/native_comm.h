@@ -99,6 +99,8 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   // numbered and queued.
   Work issue(Coll kind, const void* send, void* recv, size_t count, DataType t, RedOp op, int root,
              Algo forced);
+  Work point_to_point(bool is_send, const void* send, void* recv, size_t count, DataType t,
+                      int peer);
   // choose_algorithm, remembered per (collective, size, forced) for this communicator.
   AlgoChoice choose(Coll kind, size_t bytes, Algo forced);
   void validate_args(const char* what, size_t count, int root, int peer);

@@ -9,6 +9,7 @@
 
 #include "cohort/nn/safetensors.h"
 #include "cohort/train/config.h"
+#include "cohort/train/loss_scaler.h"
 #include "cohort/train/metrics.h"
 #include "cohort/train/trainer.h"
 #include "testing/scans.h"
@@ -119,6 +120,40 @@ TEST(Training, SmallCnnLearnsLesionsOnSyntheticScans) {
   EXPECT_EQ(log["config"]["model"], "smallcnn");
   auto m = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 48, 9});
   nn::load_weights(*m, dir.file("out/model.safetensors"));
+}
+
+// The scaler's rules, one by one: an overflow (beyond f16's 65504, inf or NaN) skips the step
+// and halves the scale without touching the gradients; a good step divides them back; after
+// `growth_interval` good steps in a row the scale doubles; disabled, nothing changes.
+TEST(LossScaler, SkipsOverflowsUnscalesAndGrows) {
+  LossScaler s(true, 1024.0f, 3);
+  tensor::Tensor g = tensor::Tensor::zeros({4});
+  float* v = g.data<float>();
+  v[0] = 2048.0f;
+  v[1] = 70000.0f;  // beyond f16
+  EXPECT_FALSE(s.unscale(g));
+  EXPECT_EQ(s.scale(), 512.0f);
+  EXPECT_EQ(s.skipped_steps(), 1);
+  EXPECT_EQ(v[0], 2048.0f);
+  v[1] = std::nanf("");
+  EXPECT_FALSE(s.unscale(g));
+  EXPECT_EQ(s.scale(), 256.0f);
+  v[1] = 512.0f;
+  for (int i = 0; i < 2; ++i) {
+    v[0] = 256.0f;
+    EXPECT_TRUE(s.unscale(g));
+    EXPECT_EQ(v[0], 1.0f);
+    EXPECT_EQ(s.scale(), 256.0f);
+    v[1] = 512.0f;
+  }
+  EXPECT_TRUE(s.unscale(g));  // the third good step in a row
+  EXPECT_EQ(s.scale(), 512.0f);
+  EXPECT_EQ(s.skipped_steps(), 2);
+  LossScaler off(false, 1024.0f);
+  v[0] = 1e30f;
+  EXPECT_EQ(off.scale(), 1.0f);
+  EXPECT_TRUE(off.unscale(g));
+  EXPECT_EQ(v[0], 1e30f);
 }
 
 // f16 training: an overflowing loss scale makes inf gradients; those steps are skipped and the
