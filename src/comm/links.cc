@@ -49,7 +49,7 @@ LinkSet connect_links(Store& store, const std::string& token, uint64_t comm_id, 
 
   ShmOptions so;
   so.ring_bytes = s.shm_ring;
-  so.name_prefix = "/cohort-" + token.substr(0, 16) + "-" + hex(comm_id).substr(0, 8);
+  so.name_prefix = "/" + shm_job_prefix(token) + "-" + hex(comm_id).substr(0, 8);
   for (int p = 0; p < n; ++p) {
     if (p == rank) continue;
     const PeerDesc& peer = members[static_cast<size_t>(p)];

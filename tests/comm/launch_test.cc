@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <string>
 
+#include "testing/skip.h"
+
 namespace {
 
 struct Result {
@@ -75,7 +77,7 @@ TEST(Launch, FourRanksCheckedAllreduceBenchmark) {
 }
 
 TEST(Launch, MpirunWithoutLauncherBothBackends) {
-  if (sh("command -v mpirun").code != 0) GTEST_SKIP() << "mpirun not installed";
+  if (sh("command -v mpirun").code != 0) COHORT_SKIP_UNLESS_CI("mpirun not installed");
   for (std::string backend : {"cohort", "mpi"}) {
     auto r = sh("COHORT_BACKEND=" + backend +
                 " timeout 120 mpirun --allow-run-as-root --oversubscribe "

@@ -51,7 +51,7 @@ TEST(Sampler, SamePermutationOnEveryRankNewOneEachEpoch) {
 TEST(Sampler, ResumeContinuesTheGlobalSequenceWithAnyWorldSize) {
   const size_t n = 103;
   const auto order = Sampler(n, 1, 0, {9}).global_order(4);
-  for (size_t from : {0, 10, 64, 102}) {
+  for (size_t from : {0, 10, 64, 102, 103}) {
     for (int world : {1, 2, 4}) {
       // Interleave the ranks' sequences: they must continue the global order from `from`.
       std::vector<std::vector<size_t>> parts;
@@ -60,11 +60,21 @@ TEST(Sampler, ResumeContinuesTheGlobalSequenceWithAnyWorldSize) {
       for (size_t k = 0; k < parts[0].size(); ++k) {
         for (int r = 0; r < world; ++r) merged.push_back(parts[static_cast<size_t>(r)][k]);
       }
+      // Every position from `from` to the epoch's end is dealt exactly once, in order; a last
+      // round the world size does not fill is padded from the epoch's start.
       Sampler s(n, world, 0, {9});
-      for (size_t p = from; p < s.total_size() && p - from < merged.size(); ++p) {
-        EXPECT_EQ(merged[p - from], s.global_order(4)[p]) << "from " << from << " world " << world;
+      const size_t total = s.total_size(), w = static_cast<size_t>(world);
+      const size_t rounds = (total - from + w - 1) / w;
+      ASSERT_EQ(merged.size(), rounds * w) << "from " << from << " world " << world;
+      ASSERT_GE(merged.size(), total - from);
+      const auto global = s.global_order(4);
+      for (size_t k = 0; k < merged.size(); ++k) {
+        const size_t p = from + k;
+        EXPECT_EQ(merged[k], global[p < total ? p : p - total])
+            << "from " << from << " world " << world << " position " << p;
       }
       if (world == 1) {
+        ASSERT_EQ(merged.size(), n - from);
         EXPECT_TRUE(
             std::equal(merged.begin(), merged.end(), order.begin() + static_cast<long>(from)));
       }

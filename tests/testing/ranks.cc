@@ -17,6 +17,8 @@
 #include <cstring>
 #include <random>
 
+#include "../../src/comm/transport/shm/shm_transport.h"
+
 namespace cohort::testing {
 
 uint16_t free_port() {
@@ -140,8 +142,9 @@ std::vector<RankResult> run_ranks(int n, const std::function<void(int)>& body,
     }
     ::close(fds[static_cast<size_t>(r)]);
   }
-  // Nothing may be left in /dev/shm by a finished job.
-  auto left = shm_segments(std::string("cohort-") + token);
+  // Nothing may be left in /dev/shm by a finished job: the job's segments are named from its
+  // token, as the shared-memory transport names them.
+  auto left = shm_segments(comm::shm_job_prefix(token));
   for (auto& s : left) {
     ::unlink(("/dev/shm/" + s).c_str());
     rs[0].output += "\nleft behind in /dev/shm: " + s;

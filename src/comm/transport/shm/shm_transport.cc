@@ -170,6 +170,10 @@ void* map_fd(int fd, size_t bytes, const std::string& name) {
 
 }  // namespace
 
+std::string shm_job_prefix(const std::string& token) {
+  return "cohort-" + token.substr(0, 16);
+}
+
 std::unique_ptr<Link> connect_shm(Store& store, const ShmOptions& opt, const PeerDesc& me,
                                   const PeerDesc& peer) {
   size_t ring = opt.ring_bytes;

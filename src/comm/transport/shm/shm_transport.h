@@ -17,6 +17,10 @@ struct ShmOptions {
   std::string name_prefix;       // /cohort-<token>-<comm>: unique per job and communicator
 };
 
+// The start of every segment name of a job (in /dev/shm, without the leading '/'): what a leak
+// check looks for after a job ends.
+std::string shm_job_prefix(const std::string& token);
+
 // Both ranks of the pair call this; the lower rank creates the segment. Uses `store` to agree.
 std::unique_ptr<Link> connect_shm(Store& store, const ShmOptions& opt, const PeerDesc& me,
                                   const PeerDesc& peer);
