@@ -171,6 +171,7 @@ Run add_bench_comm(CLI::App& app) {
                   o->redop.c_str(), n, c->describe().c_str());
       std::printf("#%12s %12s %6s %6s %12s %12s %12s %8s %s\n", "size", "count", "type", "redop",
                   "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wrong", "algo");
+      std::fflush(stdout);  // the header shows at once, also when rows take long
     }
     nlohmann::json rows = nlohmann::json::array();
     double busbw_sum = 0;

@@ -257,26 +257,32 @@ Run add_launch(CLI::App& app) {
         }
       }
       bool all_done = true;
+      // Ranks that failed since the last look. A rank killed by a signal is named first: the
+      // others that failed with it were most likely its peers, failing because it died.
+      std::vector<const Child*> failed;
       for (auto& c : kids) {
         if (!c.exited) {
           int st = 0;
           if (::waitpid(c.pid, &st, WNOHANG) == c.pid) {
             c.exited = true;
             c.status = st;
-            bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-            if (!ok && !stopping) {
-              failure = "rank " + std::to_string(c.rank) + " (pid " + std::to_string(c.pid) + ") " +
-                        describe_status(st);
-              std::fprintf(stderr, "cohort launch: %s; stopping the other ranks\n",
-                           failure.c_str());
-              exit_code = 1;
-              stopping = true;
-              stop_at = Clock::now();
-              stop_all(SIGTERM);
-            }
+            if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) failed.push_back(&c);
           }
         }
         all_done = all_done && c.exited && c.out_fd < 0 && c.err_fd < 0;
+      }
+      if (!failed.empty() && !stopping) {
+        std::stable_partition(failed.begin(), failed.end(),
+                              [](const Child* c) { return WIFSIGNALED(c->status); });
+        for (const Child* c : failed) {
+          failure += std::string(failure.empty() ? "" : "; ") + "rank " + std::to_string(c->rank) +
+                     " (pid " + std::to_string(c->pid) + ") " + describe_status(c->status);
+        }
+        std::fprintf(stderr, "cohort launch: %s; stopping the other ranks\n", failure.c_str());
+        exit_code = 1;
+        stopping = true;
+        stop_at = Clock::now();
+        stop_all(SIGTERM);
       }
       if (g_signal && !stopping) {
         std::fprintf(stderr, "cohort launch: got signal %d, forwarding to ranks\n", int(g_signal));

@@ -82,12 +82,12 @@ took=$(python3 -c "print(round($ended - $(cat "$out/cut.at" 2>/dev/null || echo 
 if [ ! -s "$out/cut.at" ] || ! grep -q "# cohort bench comm" "$out/before-cut.txt" ||
    grep -qiE "error|failed|abort" "$out/before-cut.txt"; then
   echo "FAIL: the job was not running cleanly when the link was cut:"; cat "$out/before-cut.txt"
-  tail -5 "$out"/cut.*.log; fail=1
+  tail -n 5 "$out"/cut.*.log; fail=1
 elif [ "${codes[0]}" -eq 0 ] || [ "${codes[1]}" -eq 0 ] || [ "${codes[0]}" -eq 124 ] || [ "${codes[1]}" -eq 124 ]; then
   echo "FAIL: after the link cut the launchers exited ${codes[*]} (0: no error, 124: hung)"; fail=1
-  tail -5 "$out"/cut.*.log
+  tail -n 5 "$out"/cut.*.log
 elif ! grep -qE "rank [0-9]+ \(host node[01]\)|no progress|closed its connection|timed out" "$out"/cut.*.log; then
-  echo "FAIL: the errors do not name a rank or the timeout"; tail -5 "$out"/cut.*.log; fail=1
+  echo "FAIL: the errors do not name a rank or the timeout"; tail -n 5 "$out"/cut.*.log; fail=1
 else
   echo "PASS: link cut while the job ran -> every launcher failed ${took}s after the cut"
 fi

@@ -90,6 +90,18 @@ TEST(Launch, MpirunWithoutLauncherBothBackends) {
     EXPECT_NE(r.out.find("Out of bounds values : 0 OK"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(backend + " backend"), std::string::npos) << r.out;
   }
+  // The mpi backend beyond allreduce: every other collective, checked element by element.
+  for (std::string op :
+       {"reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "gather", "scatter"}) {
+    auto r =
+        sh("COHORT_BACKEND=mpi timeout 120 mpirun --allow-run-as-root --oversubscribe "
+           "--mca btl self,vader -np 3 " +
+           bin() + " bench comm --op " + op +
+           " --root 1 --min-bytes 96 --max-bytes 3M --factor 32 --iters 2 --warmup 1 --check");
+    EXPECT_EQ(r.code, 0) << op << "\n" << r.out;
+    EXPECT_NE(r.out.find("mpi backend"), std::string::npos) << op << "\n" << r.out;
+    EXPECT_NE(r.out.find("Out of bounds values : 0 OK"), std::string::npos) << op << "\n" << r.out;
+  }
 }
 
 TEST(Launch, TopoShowsHostsTransportsProbeAndAlgorithms) {
