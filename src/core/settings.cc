@@ -43,6 +43,9 @@ Settings Settings::read() {
   s.ucx_chunks = static_cast<int>(int_or("COHORT_UCX_CHUNKS", s.ucx_chunks));
   s.no_avx2 = flag("COHORT_NO_AVX2");
   s.log = get_or("COHORT_LOG", s.log);
+  if (s.log != "debug" && s.log != "info" && s.log != "warn" && s.log != "error") {
+    COHORT_THROW("COHORT_LOG='" << s.log << "': expected debug, info, warn or error");
+  }
   s.alloc_cache = int_or("COHORT_ALLOC_CACHE", 1) != 0;
   return s;
 }

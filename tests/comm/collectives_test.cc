@@ -337,6 +337,27 @@ TEST(Comm, ForcedTcp) {
       o));
 }
 
+// Settings with an effect a rank can see: COHORT_TCP_STREAMS lanes per TCP peer, and
+// COHORT_NO_AVX2 the scalar reduction kernels (the results stay the same).
+TEST(Comm, TcpStreamsAndScalarKernelsFromTheEnvironment) {
+  RunOptions o;
+  o.env["COHORT_TRANSPORT"] = "tcp";
+  o.env["COHORT_TCP_STREAMS"] = "3";
+  o.env["COHORT_NO_AVX2"] = "1";
+  o.env["COHORT_TIMEOUT"] = "60";
+  expect_all_ok(run_ranks(
+      2,
+      [](int rank) {
+        auto c = init();
+        const std::string report = c->topology_report();
+        REQUIRE(report.find(rank == 0 ? "1=tcpx3" : "0=tcpx3") != std::string::npos, report);
+        REQUIRE(c->describe().find("reduce scalar") != std::string::npos, c->describe());
+        check_reductions(*c, DataType::bf16, RedOp::sum, 4099, false, Algo::automatic);
+        check_reductions(*c, DataType::f32, RedOp::max, 3u << 20, true, Algo::ring);
+      },
+      o));
+}
+
 TEST(Comm, TwoEmulatedHostsUseHierarchicalAllreduce) {
   RunOptions o;
   o.ranks_per_host = 2;

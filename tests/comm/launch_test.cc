@@ -2,36 +2,53 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <string>
+#include <vector>
 
+#include "testing/shell.h"
 #include "testing/skip.h"
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-  double seconds;
-};
-
-Result sh(const std::string& cmd) {
-  auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t k;
-  while ((k = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), k);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
-}
+using cohort::testing::sh;
 
 std::string bin() {
-  const char* b = std::getenv("COHORT_BIN");
-  return b ? b : "build/bin/cohort";
+  return cohort::testing::cohort_bin();
+}
+
+// The CPUs in a Cpus_allowed_list line ("0-3,6"), as a sorted list.
+std::vector<int> cpu_list(const std::string& text) {
+  std::vector<int> cpus;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string part = text.substr(at, end - at);
+    const size_t dash = part.find('-');
+    const int lo = std::stoi(part),
+              hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) cpus.push_back(c);
+    at = end + 1;
+  }
+  return cpus;
+}
+
+// What each rank printed after "[rank R] cpus ".
+std::map<int, std::vector<int>> cpus_of_ranks(const std::string& out) {
+  std::map<int, std::vector<int>> m;
+  size_t at = 0;
+  while ((at = out.find("[rank ", at)) != std::string::npos) {
+    const int rank = std::stoi(out.substr(at + 6));
+    const size_t c = out.find("cpus ", at), nl = out.find('\n', at);
+    if (c != std::string::npos && c < nl) m[rank] = cpu_list(out.substr(c + 5, nl - c - 5));
+    at = nl;
+  }
+  return m;
 }
 
 TEST(Launch, SetsTorchrunVariablesAndPrefixesOutput) {
@@ -122,6 +139,63 @@ TEST(Launch, TopoShowsHostsTransportsProbeAndAlgorithms) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("links (model defaults)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("134217728    hier"), std::string::npos) << r.out;
+}
+
+// SIGTERM and SIGINT sent to the launcher reach every rank (each traps it and says so); the
+// launcher exits 128 + the signal, within seconds, and leaves no rank behind.
+TEST(Launch, SignalsAreForwardedToEveryRank) {
+  for (const char* sig : {"TERM", "INT"}) {
+    const std::string script =
+        "log=$(mktemp); " + bin() +
+        " launch --nproc-per-node 2 --grace 2 -- sh -c 'trap \"echo got " + sig + "; exit 7\" " +
+        sig +
+        "; echo ready; i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done' > $log 2>&1 & "
+        "pid=$!; for i in $(seq 200); do [ $(grep -c ready $log) -ge 2 ] && break; sleep 0.05; "
+        "done; kill -" +
+        std::string(sig) + " $pid; wait $pid; echo code=$?; cat $log; rm -f $log";
+    auto r = sh("timeout 60 bash -c '" + [&] {
+      std::string q;
+      for (char c : script) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      return q;
+    }() + "'");
+    const int want = 128 + (std::string(sig) == "TERM" ? 15 : 2);
+    EXPECT_NE(r.out.find("code=" + std::to_string(want)), std::string::npos) << sig << "\n"
+                                                                             << r.out;
+    EXPECT_NE(r.out.find("[rank 0] got " + std::string(sig)), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("[rank 1] got " + std::string(sig)), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("forwarding to ranks"), std::string::npos) << r.out;
+    EXPECT_LT(r.seconds, 20) << r.out;
+  }
+}
+
+// --bind core gives each local rank cores of its own (disjoint, none empty); --bind none leaves
+// every rank the launcher's whole set.
+TEST(Launch, BindGivesRanksCoresOfTheirOwn) {
+  const std::string show =
+      " -- sh -c 'echo cpus $(grep Cpus_allowed_list /proc/self/status | cut -f2)'";
+  auto all = sh("grep Cpus_allowed_list /proc/self/status | cut -f2");
+  const std::vector<int> mine = cpu_list(all.out.substr(0, all.out.find('\n')));
+  ASSERT_FALSE(mine.empty()) << all.out;
+  const int n = std::min<int>(2, static_cast<int>(mine.size()));
+  auto core = sh("timeout 60 " + bin() + " launch --nproc-per-node " + std::to_string(n) +
+                 " --bind core" + show);
+  ASSERT_EQ(core.code, 0) << core.out;
+  auto got = cpus_of_ranks(core.out);
+  ASSERT_EQ(got.size(), static_cast<size_t>(n)) << core.out;
+  std::vector<int> seen;
+  for (auto& [rank, cpus] : got) {
+    EXPECT_FALSE(cpus.empty()) << "rank " << rank << "\n" << core.out;
+    for (int c : cpus) {
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), c), 0) << "cpu " << c << " shared\n"
+                                                            << core.out;
+      EXPECT_NE(std::find(mine.begin(), mine.end(), c), mine.end()) << core.out;
+      seen.push_back(c);
+    }
+  }
+  auto none = sh("timeout 60 " + bin() + " launch --nproc-per-node " + std::to_string(n) +
+                 " --bind none" + show);
+  ASSERT_EQ(none.code, 0) << none.out;
+  for (auto& [rank, cpus] : cpus_of_ranks(none.out)) EXPECT_EQ(cpus, mine) << none.out;
 }
 
 TEST(Launch, BadArgumentsAreClearErrors) {

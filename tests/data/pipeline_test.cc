@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
 #include "cohort/core/error.h"
+#include "cohort/core/half.h"
 #include "cohort/data/image.h"
 #include "cohort/data/scans.h"
 #include "cohort/data/shards.h"
@@ -267,5 +269,102 @@ TEST(Shards, PackedDataReadsBackIdenticallyAndDamageIsNamed) {
   write_file(victim, raw);
   EXPECT_THROW(open_shards(out), cohort::Error);
   fs::remove_all(out);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// Every sample's output bytes by data set index, for one epoch.
+std::map<size_t, std::vector<uint8_t>> samples_of(std::shared_ptr<const Source> s,
+                                                  PipelineOptions o) {
+  Pipeline p(s, o);
+  p.start_epoch(0);
+  std::map<size_t, std::vector<uint8_t>> out;
+  Batch b;
+  while (p.next(&b)) {
+    const size_t per = b.bytes / static_cast<size_t>(b.size);
+    for (int i = 0; i < b.size; ++i) {
+      const uint8_t* at = b.data + static_cast<size_t>(i) * per;
+      out[b.indices[static_cast<size_t>(i)]].assign(at, at + per);
+    }
+  }
+  return out;
+}
+
+template <class T>
+std::vector<T> as(const std::vector<uint8_t>& bytes) {
+  std::vector<T> v(bytes.size() / sizeof(T));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+// bf16 output is the f32 output rounded to bf16; u8 output is the same pixels before
+// normalisation, in 0..255 (within rounding); both from the same crops and flips.
+TEST(Pipeline, Bf16AndU8OutputsAreTheF32OnesConverted) {
+  auto dir = make_set("outtypes", "png", 12);
+  auto src = open_source(dir);
+  PipelineOptions o;
+  o.batch = 4;
+  o.size = 16;
+  o.workers = 2;
+  o.seed = 3;
+  o.mean = {0.5f};
+  o.std = {0.25f};
+  auto f32 = samples_of(src, o);
+  o.out = OutType::bf16;
+  auto bf16 = samples_of(src, o);
+  o.out = OutType::u8;
+  auto u8 = samples_of(src, o);
+  ASSERT_EQ(f32.size(), 12u);
+  ASSERT_EQ(bf16.size(), 12u);
+  ASSERT_EQ(u8.size(), 12u);
+  for (const auto& [idx, bytes] : f32) {
+    const auto f = as<float>(bytes);
+    const auto b = as<uint16_t>(bf16[idx]);
+    const auto& u = u8[idx];
+    ASSERT_EQ(b.size(), f.size());
+    ASSERT_EQ(u.size(), f.size());
+    for (size_t i = 0; i < f.size(); ++i) {
+      ASSERT_EQ(b[i], cohort::f32_to_bf16(f[i])) << "sample " << idx << " element " << i;
+      const double pixel = (f[i] * 0.25 + 0.5) * 255.0;  // undo normalize, back to 0..255
+      ASSERT_NEAR(u[i], pixel, 0.51) << "sample " << idx << " element " << i;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// Vertical flips: with them on, each sample is either what it was without them or its exact
+// upside-down mirror (the same crop), and some are flipped and some not.
+TEST(Pipeline, VerticalFlipMirrorsRows) {
+  auto dir = make_set("vflip", "png", 24);
+  auto src = open_source(dir);
+  PipelineOptions o;
+  o.batch = 4;
+  o.size = 16;
+  o.workers = 2;
+  o.seed = 9;
+  o.hflip = false;
+  auto plain = samples_of(src, o);
+  o.vflip = true;
+  auto flipped = samples_of(src, o);
+  ASSERT_EQ(plain.size(), 24u);
+  int mirrored = 0, same = 0;
+  for (const auto& [idx, bytes] : plain) {
+    const auto a = as<float>(bytes), b = as<float>(flipped[idx]);
+    ASSERT_EQ(a.size(), 16u * 16u);  // one channel, NCHW
+    if (a == b) {
+      ++same;
+      continue;
+    }
+    for (int y = 0; y < 16; ++y)
+      for (int x = 0; x < 16; ++x)
+        ASSERT_EQ(b[static_cast<size_t>(y * 16 + x)], a[static_cast<size_t>((15 - y) * 16 + x)])
+            << "sample " << idx << " row " << y;
+    ++mirrored;
+  }
+  EXPECT_GT(mirrored, 0);
+  EXPECT_GT(same, 0);
   fs::remove_all(dir);
 }

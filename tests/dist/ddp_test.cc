@@ -123,6 +123,37 @@ TEST(Ddp, Bf16CompressedBucketsStayClose) {
   equivalence(2, 1, o, 3e-2);
 }
 
+TEST(Ddp, F16CompressedBucketsStayClose) {
+  DdpOptions o;
+  o.compression = Compression::f16;
+  equivalence(2, 1, o, 3e-3);  // f16 keeps 11 bits of mantissa, bf16 8
+}
+
+// Compression really puts the buckets on the wire in its type: every bucket gets a staging
+// tensor of that type covering its range; without compression there is none.
+TEST(Ddp, CompressionStagesEveryBucketInTheWireType) {
+  auto m = nn::make_model("resnet18", nn::ModelOptions{});
+  auto rs = run_ranks(1, [&](int) {
+    auto c = comm::init();
+    for (Compression k : {Compression::none, Compression::bf16, Compression::f16}) {
+      DdpOptions o;
+      o.compression = k;
+      Ddp ddp(*m, c, o);
+      for (const Bucket& b : ddp.buckets()) {
+        if (k == Compression::none) {
+          REQUIRE(!b.wire.defined(), "a staging tensor without compression");
+          continue;
+        }
+        const tensor::DType want =
+            k == Compression::bf16 ? tensor::DType::bf16 : tensor::DType::f16;
+        REQUIRE(b.wire.defined() && b.wire.dtype() == want, compression_name(k) << " bucket");
+        REQUIRE(b.wire.numel() == static_cast<int64_t>(b.end - b.begin), "staging size");
+      }
+    }
+  });
+  testing::expect_all_ok(rs);
+}
+
 TEST(Ddp, BucketsCoverEveryParameterInReverseOrder) {
   auto m = nn::make_model("resnet18", nn::ModelOptions{});
   // A communicator of one rank is enough to lay out buckets.
