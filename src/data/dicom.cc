@@ -3,6 +3,7 @@
 #include <gdcmAttribute.h>
 #include <gdcmImageReader.h>
 #include <gdcmImageWriter.h>
+#include <gdcmReader.h>
 #include <gdcmTrace.h>
 #include <gdcmUIDGenerator.h>
 
@@ -72,9 +73,195 @@ double voi_linear(double x, Window w) {
   return (x - (c - 0.5)) / (wd - 1) + 0.5;
 }
 
+namespace {
+
+// How stored pixel values are laid out: what the pixel loop needs, from the data set (fast path)
+// or from GDCM's image (decoded transfer syntaxes).
+struct StoredFormat {
+  int width = 0, height = 0;
+  int bits_allocated = 0, bits_stored = 0, high_bit = -1;
+  bool is_signed = false, monochrome1 = false;
+  double slope = 1.0, intercept = 0.0;
+};
+
+// The windowed output of stored values through one table: stored value -> modality value
+// (rescale) -> VOI window -> [0, 65535], MONOCHROME1 inverted. Stored values have at most 16
+// bits, so the table has at most 65536 entries, built once per image; the pixel loop is then a
+// mask and a lookup. (Converting each pixel through a double and lround cost 73.6 ms for a
+// 2048x2048 scan; the table: a few ms.)
+Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Window> window,
+                    const std::string& name) {
+  const size_t px = static_cast<size_t>(f.width) * static_cast<size_t>(f.height);
+  const int alloc = f.bits_allocated;
+  const int stored = std::clamp(f.bits_stored > 0 ? f.bits_stored : alloc, 1, alloc);
+  const int high = f.high_bit >= 0 ? std::min(f.high_bit, alloc - 1) : stored - 1;
+  const int shift = std::max(0, high + 1 - stored);
+  const uint32_t mask = stored >= 32 ? ~0u : (1u << stored) - 1u;
+  const size_t entries = size_t{1} << stored;
+  auto value_of = [&](uint32_t index) {  // the modality value of a stored value
+    int64_t v = index;
+    if (f.is_signed && (index >> (stored - 1)) & 1u) v -= int64_t{1} << stored;  // sign extend
+    return static_cast<double>(v) * f.slope + f.intercept;
+  };
+  auto index_at = [&](size_t i) -> uint32_t {
+    uint32_t s;
+    if (alloc == 8) {
+      s = raw[i];
+    } else {
+      uint16_t u;
+      std::memcpy(&u, raw + 2 * i, 2);
+      s = u;
+    }
+    return (s >> shift) & mask;
+  };
+  Window win;
+  if (window) {
+    win = *window;
+  } else {  // no window anywhere: the full range of the modality values
+    uint32_t lo = mask, hi = 0;
+    if (f.is_signed) {  // order by value, not by stored bits
+      double vlo = value_of(index_at(0)), vhi = vlo;
+      for (size_t i = 0; i < px; ++i) {
+        const double v = value_of(index_at(i));
+        vlo = std::min(vlo, v);
+        vhi = std::max(vhi, v);
+      }
+      win = Window{(vlo + vhi + 1) / 2, std::max(1.0, vhi - vlo + 1)};
+    } else {
+      for (size_t i = 0; i < px; ++i) {
+        const uint32_t s = index_at(i);
+        lo = std::min(lo, s);
+        hi = std::max(hi, s);
+      }
+      const double a = value_of(lo), b = value_of(hi);
+      const double vlo = std::min(a, b), vhi = std::max(a, b);
+      win = Window{(vlo + vhi + 1) / 2, std::max(1.0, vhi - vlo + 1)};
+    }
+  }
+  std::vector<uint16_t> lut(entries);
+  for (size_t s = 0; s < entries; ++s) {
+    double y = voi_linear(value_of(static_cast<uint32_t>(s)), win);
+    if (f.monochrome1) y = 1.0 - y;
+    lut[s] = static_cast<uint16_t>(std::lround(y * 65535.0));
+  }
+  Image out;
+  out.width = f.width;
+  out.height = f.height;
+  out.channels = 1;
+  out.bits = 16;
+  out.data.resize(px * 2);
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data.data());
+  if (alloc == 8) {
+    for (size_t i = 0; i < px; ++i) o[i] = lut[(raw[i] >> shift) & mask];
+  } else {
+    for (size_t i = 0; i < px; ++i) {
+      uint16_t u;
+      std::memcpy(&u, raw + 2 * i, 2);
+      o[i] = lut[(u >> shift) & mask];
+    }
+  }
+  (void)name;
+  return out;
+}
+
+// An unsigned short attribute, when present with a value.
+std::optional<int> us_value(const gdcm::DataSet& ds, uint16_t group, uint16_t element) {
+  const gdcm::Tag t(group, element);
+  if (!ds.FindDataElement(t)) return std::nullopt;
+  const gdcm::ByteValue* bv = ds.GetDataElement(t).GetByteValue();
+  if (!bv || bv->GetLength() < 2) return std::nullopt;
+  uint16_t v;
+  std::memcpy(&v, bv->GetPointer(), 2);
+  return v;
+}
+
+// The window of the file: the first of (possibly several) center and width values.
+std::optional<Window> file_window(const gdcm::DataSet& ds) {
+  auto c = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1050)));
+  auto w = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1051)));
+  if (c && w && *w >= 1) return Window{*c, *w};
+  return std::nullopt;
+}
+
+// Native (uncompressed, little-endian) pixel data read where it lies in `bytes`: GDCM parses the
+// data set up to the pixel data element and no further (no copy of the pixels into GDCM's
+// element, and none out of it). Returns nothing when the file is not of that kind or lacks an
+// attribute the fast path needs; the general path then decodes it.
+std::optional<Image> decode_native(std::span<const uint8_t> bytes, const std::string& name,
+                                   std::optional<Window> window) {
+  SpanBuf buf(bytes.data(), bytes.size());
+  std::istream in(&buf);
+  gdcm::Reader reader;
+  reader.SetStream(in);
+  // Skipping the pixel data tag makes GDCM seek past its value instead of reading it: the
+  // stream stops just after the element's header (0.09 ms for an 8 MB file, against a copy).
+  const gdcm::Tag pixel_tag(0x7fe0, 0x0010);
+  if (!reader.ReadUpToTag(pixel_tag, {pixel_tag})) return std::nullopt;
+  const gdcm::TransferSyntax ts = reader.GetFile().GetHeader().GetDataSetTransferSyntax();
+  const bool explicit_vr = ts == gdcm::TransferSyntax::ExplicitVRLittleEndian;
+  if (!explicit_vr && ts != gdcm::TransferSyntax::ImplicitVRLittleEndian) return std::nullopt;
+  const gdcm::DataSet& ds = reader.GetFile().GetDataSet();
+  const auto samples = us_value(ds, 0x0028, 0x0002);
+  const auto rows = us_value(ds, 0x0028, 0x0010), cols = us_value(ds, 0x0028, 0x0011);
+  const auto alloc = us_value(ds, 0x0028, 0x0100);
+  if (!rows || !cols || !alloc || (*alloc != 8 && *alloc != 16)) return std::nullopt;
+  if (samples && *samples != 1) return std::nullopt;  // the general path names the problem
+  // Find the pixel data element's header at (or just after) where the reader stopped.
+  const size_t stop = std::min(reader.GetStreamCurrentPosition(), bytes.size());
+  const uint8_t tag_bytes[4] = {0xe0, 0x7f, 0x10, 0x00};
+  size_t at = bytes.size();
+  for (size_t p = stop >= 16 ? stop - 16 : 0; p + 4 <= bytes.size() && p <= stop + 16; ++p) {
+    if (std::memcmp(bytes.data() + p, tag_bytes, 4) == 0) {
+      at = p;
+      break;
+    }
+  }
+  if (at == bytes.size()) return std::nullopt;
+  uint32_t length = 0;
+  size_t data_at = 0;
+  if (explicit_vr) {
+    if (at + 12 > bytes.size()) return std::nullopt;
+    std::memcpy(&length, bytes.data() + at + 8, 4);
+    data_at = at + 12;
+  } else {
+    if (at + 8 > bytes.size()) return std::nullopt;
+    std::memcpy(&length, bytes.data() + at + 4, 4);
+    data_at = at + 8;
+  }
+  if (length == 0xffffffffu) return std::nullopt;  // encapsulated
+  StoredFormat f;
+  f.width = *cols;
+  f.height = *rows;
+  f.bits_allocated = *alloc;
+  f.bits_stored = us_value(ds, 0x0028, 0x0101).value_or(*alloc);
+  f.high_bit = us_value(ds, 0x0028, 0x0102).value_or(f.bits_stored - 1);
+  f.is_signed = us_value(ds, 0x0028, 0x0103).value_or(0) == 1;
+  const std::string pi = element_string(ds, gdcm::Tag(0x0028, 0x0004));
+  f.monochrome1 = pi.rfind("MONOCHROME1", 0) == 0;
+  f.slope = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1053))).value_or(1.0);
+  f.intercept = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1052))).value_or(0.0);
+  if (f.slope == 0) f.slope = 1.0;
+  const size_t need = static_cast<size_t>(f.width) * f.height * (f.bits_allocated / 8);
+  if (data_at + std::min<size_t>(length, need) > bytes.size() || data_at + need > bytes.size()) {
+    COHORT_THROW_AS(DecodeError, name << ": truncated: " << bytes.size()
+                                      << " bytes, the pixel data "
+                                      << "needs " << data_at + need);
+  }
+  if (length < need) {
+    COHORT_THROW_AS(DecodeError, name << ": " << length << " bytes of pixel data for " << f.width
+                                      << "x" << f.height << " at " << f.bits_allocated << " bits");
+  }
+  if (!window) window = file_window(ds);
+  return window_pixels(bytes.data() + data_at, f, window, name);
+}
+
+}  // namespace
+
 Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
                    std::optional<Window> window) {
   quiet_gdcm();
+  if (auto img = decode_native(bytes, name, window)) return std::move(*img);
+  // Every other transfer syntax (compressed, big endian, deflated): GDCM decodes the pixels.
   SpanBuf buf(bytes.data(), bytes.size());
   std::istream in(&buf);
   gdcm::ImageReader reader;
@@ -113,49 +300,19 @@ Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
     COHORT_THROW_AS(DecodeError, name << ": " << alloc << " bits allocated, " << len
                                       << " bytes of pixel data for " << W << "x" << H);
   }
-  const bool is_signed = pf.GetPixelRepresentation() == 1;
-  const double slope = img.GetSlope(), intercept = img.GetIntercept();
-  std::vector<double> v(px);
-  for (size_t i = 0; i < px; ++i) {
-    double s;
-    if (alloc == 8) {
-      s = is_signed ? static_cast<double>(reinterpret_cast<const int8_t*>(raw.data())[i])
-                    : static_cast<double>(reinterpret_cast<const uint8_t*>(raw.data())[i]);
-    } else {
-      uint16_t u;
-      std::memcpy(&u, raw.data() + 2 * i, 2);
-      s = is_signed ? static_cast<double>(static_cast<int16_t>(u)) : static_cast<double>(u);
-    }
-    v[i] = s * slope + intercept;
-  }
-  const gdcm::DataSet& ds = reader.GetFile().GetDataSet();
-  if (!window) {
-    auto c = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1050)));
-    auto w = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1051)));
-    if (c && w && *w >= 1) window = Window{*c, *w};
-  }
-  Window win;
-  if (window) {
-    win = *window;
-  } else {  // no window anywhere: the full range of the modality values
-    auto [lo, hi] = std::minmax_element(v.begin(), v.end());
-    win = Window{(*lo + *hi + 1) / 2, std::max(1.0, *hi - *lo + 1)};
-  }
-  const bool invert =
+  StoredFormat f;
+  f.width = W;
+  f.height = H;
+  f.bits_allocated = alloc;
+  f.bits_stored = pf.GetBitsStored();
+  f.high_bit = pf.GetHighBit();
+  f.is_signed = pf.GetPixelRepresentation() == 1;
+  f.monochrome1 =
       img.GetPhotometricInterpretation() == gdcm::PhotometricInterpretation::MONOCHROME1;
-  Image out;
-  out.width = W;
-  out.height = H;
-  out.channels = 1;
-  out.bits = 16;
-  out.data.resize(px * 2);
-  for (size_t i = 0; i < px; ++i) {
-    double y = voi_linear(v[i], win);
-    if (invert) y = 1.0 - y;
-    uint16_t u = static_cast<uint16_t>(std::lround(y * 65535.0));
-    std::memcpy(&out.data[2 * i], &u, 2);
-  }
-  return out;
+  f.slope = img.GetSlope();
+  f.intercept = img.GetIntercept();
+  if (!window) window = file_window(reader.GetFile().GetDataSet());
+  return window_pixels(reinterpret_cast<const uint8_t*>(raw.data()), f, window, name);
 }
 
 std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& opt) {

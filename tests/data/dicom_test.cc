@@ -5,6 +5,7 @@
 #include <gdcmImageWriter.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -107,6 +108,68 @@ TEST(Dicom, EightBitUnsigned) {
   Image img = decode_dicom(encode_dicom(src, o), "u8.dcm");
   for (int i = 0; i < 16; ++i) {
     EXPECT_EQ(pixel(img, i), std::lround(voi_linear(i * 16, {128, 256}) * 65535));
+  }
+}
+
+namespace {
+
+// The same image re-encoded by GDCM in another transfer syntax.
+std::vector<uint8_t> transcode(const std::vector<uint8_t>& plain, const gdcm::TransferSyntax& ts) {
+  std::istringstream in(std::string(plain.begin(), plain.end()));
+  gdcm::ImageReader r;
+  r.SetStream(in);
+  if (!r.Read()) return {};
+  gdcm::ImageChangeTransferSyntax change;
+  change.SetTransferSyntax(ts);
+  change.SetInput(r.GetImage());
+  if (!change.Change()) return {};
+  gdcm::ImageWriter w;
+  w.SetFile(r.GetFile());
+  w.SetImage(change.GetOutput());
+  std::ostringstream os;
+  w.SetStream(os);
+  if (!w.Write()) return {};
+  const std::string s = os.str();
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+}  // namespace
+
+// Native pixel data is read in place (explicit and implicit VR little endian); other transfer
+// syntaxes go through GDCM's decoder: all give the same pixels, also with bits above BitsStored
+// set (overlay bits, which are masked), signed and windowless.
+TEST(Dicom, NativeAndDecodedPathsAgreeOnEveryTransferSyntax) {
+  for (bool is_signed : {false, true}) {
+    Image src = stored16(40, 30, is_signed ? -2000 : 0, is_signed ? 2000 : 4000);
+    if (!is_signed) {  // set the top bits of some 12-bit values: they are not part of the value
+      for (size_t i = 0; i < src.data.size(); i += 14) src.data[i + 1] |= 0xf0;
+    }
+    DicomWriteOptions o;
+    o.bits_stored = 12;
+    o.is_signed = is_signed;
+    if (is_signed) {
+      for (size_t i = 0; i + 1 < src.data.size(); i += 2) {  // 12-bit two's complement
+        int16_t v;
+        std::memcpy(&v, &src.data[i], 2);
+        const uint16_t u = static_cast<uint16_t>(v) & 0x0fff;
+        std::memcpy(&src.data[i], &u, 2);
+      }
+    }
+    const auto plain = encode_dicom(src, o);
+    const Image want = decode_dicom(plain, "plain.dcm");
+    for (const auto& ts :
+         {gdcm::TransferSyntax::ImplicitVRLittleEndian, gdcm::TransferSyntax::RLELossless,
+          gdcm::TransferSyntax::JPEGLSLossless}) {
+      const auto other = transcode(plain, ts);
+      ASSERT_FALSE(other.empty()) << ts;
+      EXPECT_EQ(decode_dicom(other, "other.dcm").data, want.data) << ts << " signed " << is_signed;
+    }
+    // And the values are the formula's: the lowest stored value black, the highest white.
+    uint16_t lo = 65535, hi = 0;
+    for (int i = 0; i < 40 * 30; ++i)
+      lo = std::min(lo, pixel(want, i)), hi = std::max(hi, pixel(want, i));
+    EXPECT_EQ(lo, 0);
+    EXPECT_EQ(hi, 65535);
   }
 }
 

@@ -1,7 +1,9 @@
 // DICOM through GDCM: 8/12/16-bit, signed and unsigned, MONOCHROME1/2, RescaleSlope/Intercept,
 // and the window (center/width) applied with the linear VOI function of DICOM PS3.3
-// C.11.2.1.2.1, from the file or from the configuration. Every transfer syntax GDCM decodes
-// (JPEG, JPEG-LS, JPEG 2000, RLE) is accepted.
+// C.11.2.1.2.1, from the file or from the configuration. Native little-endian pixel data is read
+// where it lies (GDCM parses the data set up to it); every other transfer syntax GDCM decodes
+// (JPEG, JPEG-LS, JPEG 2000, RLE, big endian) goes through GDCM's image reader. Either way the
+// stored values go to the output through one lookup table per image.
 #pragma once
 
 #include <cstdint>
