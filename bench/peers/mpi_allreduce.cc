@@ -29,7 +29,12 @@ int main(int argc, char** argv) {
     double us = (MPI_Wtime() - t0) * 1e6 / iters, sum = 0;
     MPI_Allreduce(&us, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     us = sum / n;
-    rows.push_back({bytes, us, static_cast<double>(bytes) / (us * 1e3) * 2.0 * (n - 1) / n});
+    PeerRow row;
+    row.bytes = bytes;
+    row.time_us = us;
+    row.busbw = static_cast<double>(bytes) / (us * 1e3) * 2.0 * (n - 1) / n;
+    row.algo = "MPI_Allreduce";
+    rows.push_back(row);
   }
   if (rank == 0) peer_report("openmpi", n, rows, argc > 3 ? argv[3] : nullptr);
   MPI_Finalize();
