@@ -80,6 +80,9 @@ Run add_bench_train(CLI::App& app) {
                                                   {"f16", train::Precision::f16}}))
       ->default_str("f32");
   app.add_flag("!--no-profile", o->profile, "Skip the per-op time split");
+  app.add_flag("--no-sync", o->no_sync,
+               "Under DDP, communicate nothing (as PyTorch's no_sync): the step without its "
+               "allreduces");
   app.add_option("--bucket-mb", o->ddp.bucket_mb, "DDP bucket size in MiB")->capture_default_str();
   app.add_option("--first-bucket-mb", o->ddp.first_bucket_mb, "DDP first bucket in MiB")
       ->capture_default_str();

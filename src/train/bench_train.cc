@@ -48,13 +48,14 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
         tensor::threads(), o.optimizer.c_str(), o.steps, o.warmup);
     std::printf("# precision %s\n", precision_note.c_str());
     if (ddp) {
-      std::printf("# DDP: %zu buckets (first %.2g MiB, then %.3g MiB), wire %s, %s\n",
+      std::printf("# DDP: %zu buckets (first %.2g MiB, then %.3g MiB), wire %s, %s%s\n",
                   ddp->buckets().size(), o.ddp.first_bucket_mb, o.ddp.bucket_mb,
-                  dist::compression_name(o.ddp.compression), world->describe().c_str());
+                  dist::compression_name(o.ddp.compression), world->describe().c_str(),
+                  o.no_sync ? "; --no-sync: nothing is communicated" : "");
     }
   }
   for (int i = 0; i < o.warmup; ++i)
-    train_step(*model, *opt, x, t, 0.01f, 0.0f, nullptr, ddp.get());
+    train_step(*model, *opt, x, t, 0.01f, 0.0f, nullptr, ddp.get(), !o.no_sync);
   if (world) world->barrier().wait();
   nn::profile::reset();
   nn::profile::enable(o.profile);
@@ -62,7 +63,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   std::vector<double> ms;
   for (int i = 0; i < o.steps; ++i) {
     auto t0 = Clock::now();
-    const float loss = train_step(*model, *opt, x, t, 0.01f, 0.0f, &times, ddp.get());
+    const float loss = train_step(*model, *opt, x, t, 0.01f, 0.0f, &times, ddp.get(), !o.no_sync);
     ms.push_back(1e3 * seconds_since(t0));
     COHORT_CHECK(std::isfinite(loss), "bench train: loss " << loss << " at step " << i);
   }
@@ -115,6 +116,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
                         {"threads", r.threads},
                         {"world", r.world},
                         {"precision", precision_name(o.precision)},
+                        {"no_sync", o.no_sync},
                         {"steps", o.steps},
                         {"warmup", o.warmup},
                         {"ms_per_step", r.ms_per_step},

@@ -53,9 +53,9 @@ float forward_backward(nn::Model& m, const Tensor& x, const Targets& t, float la
 }
 
 float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Targets& t, float lr,
-                 float label_smoothing, StepTimes* times, dist::Ddp* ddp) {
+                 float label_smoothing, StepTimes* times, dist::Ddp* ddp, bool sync) {
   m.zero_grad();
-  const float loss = forward_backward(m, x, t, label_smoothing, 1.0f, ddp, true, times);
+  const float loss = forward_backward(m, x, t, label_smoothing, 1.0f, ddp, sync, times);
   if (ddp) {
     const double w = ddp->finish();
     if (times) times->comm_wait += w;

@@ -33,9 +33,12 @@ struct StepTimes {
 float forward_backward(nn::Model& m, const Tensor& x, const Targets& t, float label_smoothing,
                        float loss_scale, dist::Ddp* ddp, bool sync, StepTimes* times);
 
-// One optimisation step on one batch: zero, forward, backward, (DDP finish), optimiser.
+// One optimisation step on one batch: zero, forward, backward, (DDP finish), optimiser. With
+// sync = false, DDP communicates nothing (as PyTorch's no_sync()): what the step costs without
+// its allreduces, for measuring what they cost.
 float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Targets& t, float lr,
-                 float label_smoothing, StepTimes* times = nullptr, dist::Ddp* ddp = nullptr);
+                 float label_smoothing, StepTimes* times = nullptr, dist::Ddp* ddp = nullptr,
+                 bool sync = true);
 
 struct EvalResult {
   double loss = 0, accuracy = 0, auc = 0;  // auc: binary or mean over findings; NaN if undefined
@@ -68,6 +71,7 @@ struct BenchTrainOptions {
   std::string optimizer = "sgd";
   std::string json;
   bool profile = true;   // time every kind of op and report the split
+  bool no_sync = false;  // DDP without its allreduces (the step's cost without communication)
   dist::DdpOptions ddp;  // under a launcher with several ranks
   Precision precision = Precision::f32;
 };
