@@ -1,13 +1,20 @@
 #!/usr/bin/python3
 """PyTorch peer of `cohort bench train`: the same torchvision model, batch, input size, threads,
-optimizer (SGD, momentum 0.9, weight decay 1e-4) and synthetic data; prints one JSON line."""
+optimizer (SGD, momentum 0.9, weight decay 1e-4) and synthetic data; prints one JSON line with
+the memory format, the torch build and the BLAS in use. bench/compare-train runs it in both
+memory formats (contiguous and channels-last) and takes the faster."""
 import argparse
 import json
+import os
 import resource
+import sys
 import time
 
 import torch
 import torchvision
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import torch_env  # noqa: E402
 
 
 def main():
@@ -56,7 +63,8 @@ def main():
                       "threads": torch.get_num_threads(), "ms_per_step": mean, "ms_min": min(ms),
                       "ms_each": ms, "images_per_s": 1e3 * a.batch / mean,
                       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                      "torch": torch.__version__}))
+                      "memory_format": "channels_last" if a.channels_last else "contiguous",
+                      **torch_env.describe()}))
 
 
 if __name__ == "__main__":
