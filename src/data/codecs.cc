@@ -72,10 +72,7 @@ ImageInfo probe(std::span<const uint8_t> bytes, const std::string& name) {
                         ? 1
                         : 3;
   } else if (info.format == Format::dicom) {
-    Image img = decode_dicom(bytes, name);  // GDCM has no cheaper header-only path here
-    info.width = img.width;
-    info.height = img.height;
-    info.channels = 1;
+    info = probe_dicom(bytes, name);
   } else {
     COHORT_THROW_AS(DecodeError, name << ": unknown image format (" << bytes.size() << " bytes)");
   }

@@ -90,7 +90,7 @@ struct StoredFormat {
 // mask and a lookup. (Converting each pixel through a double and lround cost 73.6 ms for a
 // 2048x2048 scan; the table: a few ms.)
 Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Window> window,
-                    const std::string& name) {
+                    std::optional<PixelRegion> region) {
   const size_t px = static_cast<size_t>(f.width) * static_cast<size_t>(f.height);
   const int alloc = f.bits_allocated;
   const int stored = std::clamp(f.bits_stored > 0 ? f.bits_stored : alloc, 1, alloc);
@@ -144,23 +144,32 @@ Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Win
     if (f.monochrome1) y = 1.0 - y;
     lut[s] = static_cast<uint16_t>(std::lround(y * 65535.0));
   }
+  PixelRegion r = region.value_or(PixelRegion{0, 0, f.width, f.height});
+  r.x = std::clamp(r.x, 0, f.width);
+  r.y = std::clamp(r.y, 0, f.height);
+  r.w = std::clamp(r.w, 0, f.width - r.x);
+  r.h = std::clamp(r.h, 0, f.height - r.y);
   Image out;
-  out.width = f.width;
-  out.height = f.height;
+  out.width = r.w;
+  out.height = r.h;
   out.channels = 1;
   out.bits = 16;
-  out.data.resize(px * 2);
+  out.data.resize(static_cast<size_t>(r.w) * r.h * 2);
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data.data());
-  if (alloc == 8) {
-    for (size_t i = 0; i < px; ++i) o[i] = lut[(raw[i] >> shift) & mask];
-  } else {
-    for (size_t i = 0; i < px; ++i) {
-      uint16_t u;
-      std::memcpy(&u, raw + 2 * i, 2);
-      o[i] = lut[(u >> shift) & mask];
+  const size_t bpp = static_cast<size_t>(alloc / 8);
+  for (int y = 0; y < r.h; ++y) {
+    const uint8_t* row = raw + (static_cast<size_t>(r.y + y) * f.width + r.x) * bpp;
+    uint16_t* dst = o + static_cast<size_t>(y) * r.w;
+    if (alloc == 8) {
+      for (int x = 0; x < r.w; ++x) dst[x] = lut[(row[x] >> shift) & mask];
+    } else {
+      for (int x = 0; x < r.w; ++x) {
+        uint16_t u;
+        std::memcpy(&u, row + 2 * x, 2);
+        dst[x] = lut[(u >> shift) & mask];
+      }
     }
   }
-  (void)name;
   return out;
 }
 
@@ -183,12 +192,18 @@ std::optional<Window> file_window(const gdcm::DataSet& ds) {
   return std::nullopt;
 }
 
-// Native (uncompressed, little-endian) pixel data read where it lies in `bytes`: GDCM parses the
-// data set up to the pixel data element and no further (no copy of the pixels into GDCM's
-// element, and none out of it). Returns nothing when the file is not of that kind or lacks an
-// attribute the fast path needs; the general path then decodes it.
-std::optional<Image> decode_native(std::span<const uint8_t> bytes, const std::string& name,
-                                   std::optional<Window> window) {
+// Native (uncompressed, little-endian) pixel data where it lies in `bytes`: GDCM parses the data
+// set up to the pixel data element and no further (no copy of the pixels into GDCM's element,
+// and none out of it).
+struct NativePixels {
+  StoredFormat format;
+  const uint8_t* data = nullptr;
+  std::optional<Window> window;  // the file's
+};
+
+// Nothing when the file is not of that kind or lacks an attribute the fast path needs; the
+// general path then decodes it.
+std::optional<NativePixels> parse_native(std::span<const uint8_t> bytes, const std::string& name) {
   SpanBuf buf(bytes.data(), bytes.size());
   std::istream in(&buf);
   gdcm::Reader reader;
@@ -251,16 +266,26 @@ std::optional<Image> decode_native(std::span<const uint8_t> bytes, const std::st
     COHORT_THROW_AS(DecodeError, name << ": " << length << " bytes of pixel data for " << f.width
                                       << "x" << f.height << " at " << f.bits_allocated << " bits");
   }
-  if (!window) window = file_window(ds);
-  return window_pixels(bytes.data() + data_at, f, window, name);
+  return NativePixels{f, bytes.data() + data_at, file_window(ds)};
 }
 
 }  // namespace
 
-Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
-                   std::optional<Window> window) {
+ImageInfo probe_dicom(std::span<const uint8_t> bytes, const std::string& name) {
   quiet_gdcm();
-  if (auto img = decode_native(bytes, name, window)) return std::move(*img);
+  if (auto n = parse_native(bytes, name)) {
+    return ImageInfo{n->format.width, n->format.height, 1, Format::dicom};
+  }
+  const Image img = decode_dicom(bytes, name);
+  return ImageInfo{img.width, img.height, 1, Format::dicom};
+}
+
+Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
+                   std::optional<Window> window, std::optional<PixelRegion> region) {
+  quiet_gdcm();
+  if (auto n = parse_native(bytes, name)) {
+    return window_pixels(n->data, n->format, window ? window : n->window, region);
+  }
   // Every other transfer syntax (compressed, big endian, deflated): GDCM decodes the pixels.
   SpanBuf buf(bytes.data(), bytes.size());
   std::istream in(&buf);
@@ -312,7 +337,7 @@ Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
   f.slope = img.GetSlope();
   f.intercept = img.GetIntercept();
   if (!window) window = file_window(reader.GetFile().GetDataSet());
-  return window_pixels(reinterpret_cast<const uint8_t*>(raw.data()), f, window, name);
+  return window_pixels(reinterpret_cast<const uint8_t*>(raw.data()), f, window, region);
 }
 
 std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& opt) {

@@ -5,6 +5,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -193,29 +194,35 @@ void Pipeline::run_task(size_t t) {
     std::span<const uint8_t> bytes = source_->bytes(idx, scratch);
     auto t1 = Clock::now();
     read_s = std::chrono::duration<double>(t1 - t0).count();
-    Image dicom;
-    ImageInfo info;
-    if (sniff(bytes.data(), bytes.size()) == Format::dicom) {  // one full decode gives the size
-      dicom = decode_dicom(bytes, name, opt_.window);
-      info = ImageInfo{dicom.width, dicom.height, 1, Format::dicom};
-    } else {
-      info = probe(bytes, name);
-    }
+    const ImageInfo info = probe(bytes, name);
     CropBox box = opt_.train
                       ? random_resized_crop_box(info.width, info.height, rng, opt_.crop_scale_min)
                       : resize_center_crop_box(info.width, info.height, opt_.resize, S);
-    int eighths = info.format == Format::jpeg
-                      ? jpeg_scale_for(static_cast<int>(box.w), static_cast<int>(box.h), S)
-                      : 8;
-    Image img = info.format == Format::dicom ? std::move(dicom) : decode(bytes, name, eighths);
+    Image img;
+    CropBox sbox = box;  // the crop in the decoded image's pixels
+    if (info.format == Format::dicom) {
+      // Only the crop (and two pixels around it, which the resampling taps may reach) is
+      // windowed: a random crop of a large scan needs a fraction of it.
+      const int x0 = std::max(0, static_cast<int>(std::floor(box.x)) - 2);
+      const int y0 = std::max(0, static_cast<int>(std::floor(box.y)) - 2);
+      const int x1 = std::min(info.width, static_cast<int>(std::ceil(box.x + box.w)) + 2);
+      const int y1 = std::min(info.height, static_cast<int>(std::ceil(box.y + box.h)) + 2);
+      img = decode_dicom(bytes, name, opt_.window, PixelRegion{x0, y0, x1 - x0, y1 - y0});
+      sbox = CropBox{box.x - x0, box.y - y0, box.w, box.h};
+    } else {
+      const int eighths = info.format == Format::jpeg
+                              ? jpeg_scale_for(static_cast<int>(box.w), static_cast<int>(box.h), S)
+                              : 8;
+      img = decode(bytes, name, eighths);
+      const double sx = static_cast<double>(img.width) / info.width;
+      const double sy = static_cast<double>(img.height) / info.height;
+      sbox = CropBox{box.x * sx, box.y * sy, box.w * sx, box.h * sy};
+    }
     if (img.channels != info.channels) {
       COHORT_THROW_AS(DecodeError, name << ": " << img.channels << " channels after decoding");
     }
     auto t2 = Clock::now();
     decode_s = std::chrono::duration<double>(t2 - t1).count();
-    const double sx = static_cast<double>(img.width) / info.width;
-    const double sy = static_cast<double>(img.height) / info.height;
-    CropBox sbox{box.x * sx, box.y * sy, box.w * sx, box.h * sy};
     const int C = img.channels;
     if (C != 1 && C != channels_) {
       COHORT_THROW_AS(DecodeError,

@@ -212,3 +212,26 @@ TEST(Dicom, TruncatedFileIsAnErrorNamingIt) {
     EXPECT_NE(std::string(e.what()).find("scans/cut.dcm"), std::string::npos) << e.what();
   }
 }
+
+// A region decodes to exactly that rectangle of the whole image (the window of a windowless
+// file still comes from the whole image's range); the size comes without decoding.
+TEST(Dicom, RegionIsThatRectangleOfTheWholeImage) {
+  Image src = stored16(64, 48, 0, 4000);
+  DicomWriteOptions o;
+  o.bits_stored = 12;
+  const auto bytes = encode_dicom(src, o);
+  const ImageInfo info = probe_dicom(bytes, "r.dcm");
+  EXPECT_EQ(info.width, 64);
+  EXPECT_EQ(info.height, 48);
+  const Image whole = decode_dicom(bytes, "r.dcm");
+  const Image part = decode_dicom(bytes, "r.dcm", std::nullopt, PixelRegion{10, 7, 33, 20});
+  ASSERT_EQ(part.width, 33);
+  ASSERT_EQ(part.height, 20);
+  for (int y = 0; y < 20; ++y)
+    for (int x = 0; x < 33; ++x)
+      ASSERT_EQ(pixel(part, y * 33 + x), pixel(whole, (y + 7) * 64 + x + 10)) << x << "," << y;
+  // A region reaching past the edge is cut to the image.
+  const Image edge = decode_dicom(bytes, "r.dcm", std::nullopt, PixelRegion{50, 40, 30, 30});
+  EXPECT_EQ(edge.width, 14);
+  EXPECT_EQ(edge.height, 8);
+}

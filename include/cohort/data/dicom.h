@@ -22,11 +22,20 @@ struct Window {
 // y in [0, 1] for a modality value x (after rescale), DICOM's linear VOI function.
 double voi_linear(double x, Window w);
 
+// A rectangle of an image, in pixels.
+struct PixelRegion {
+  int x = 0, y = 0, w = 0, h = 0;
+};
+
 // Decodes to a 16-bit grayscale image whose values are the windowed intensities scaled to
 // [0, 65535], MONOCHROME1 inverted. `window` overrides the file's; with neither, the full range
-// of the modality values is used.
+// of the modality values (of the whole image) is used. With `region`, only that rectangle is
+// windowed and returned (a random crop reads a fraction of a large scan).
 Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
-                   std::optional<Window> window = std::nullopt);
+                   std::optional<Window> window = std::nullopt,
+                   std::optional<PixelRegion> region = std::nullopt);
+// The image's size without decoding its pixels (native pixel data; others decode).
+ImageInfo probe_dicom(std::span<const uint8_t> bytes, const std::string& name);
 
 struct DicomWriteOptions {
   int bits_stored = 12;  // 8, 12 or 16
