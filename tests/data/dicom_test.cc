@@ -235,3 +235,48 @@ TEST(Dicom, RegionIsThatRectangleOfTheWholeImage) {
   EXPECT_EQ(edge.width, 14);
   EXPECT_EQ(edge.height, 8);
 }
+
+// RLE pixel data that lies (a segment past the fragment, too few bytes) is an error naming the
+// file, never a crash; 8-bit RLE decodes as the plain file does.
+TEST(Dicom, RleCorruptIsAClearErrorAndEightBitDecodes) {
+  Image src = stored16(48, 40, 0, 4000);
+  DicomWriteOptions o;
+  o.bits_stored = 12;
+  const auto plain = encode_dicom(src, o);
+  auto rle = transcode(plain, gdcm::TransferSyntax::RLELossless);
+  ASSERT_FALSE(rle.empty());
+  // The RLE header follows the first (empty) item of the pixel data: find "segments = 2".
+  size_t header = 0;
+  for (size_t p = 0; p + 8 < rle.size(); ++p) {
+    const uint8_t want[8] = {2, 0, 0, 0, 64, 0, 0, 0};
+    if (std::memcmp(rle.data() + p, want, 8) == 0) {
+      header = p;
+      break;
+    }
+  }
+  ASSERT_NE(header, 0u);
+  auto lying = rle;
+  const uint32_t far = 1u << 30;
+  std::memcpy(&lying[header + 8], &far, 4);  // the second segment starts far past the fragment
+  for (const auto& bytes : {lying, std::vector<uint8_t>(rle.begin(), rle.end() - 300)}) {
+    try {
+      decode_dicom(bytes, "bad-rle.dcm");
+      ADD_FAILURE() << "a corrupt RLE file decoded";
+    } catch (const DecodeError& e) {
+      EXPECT_NE(std::string(e.what()).find("bad-rle.dcm"), std::string::npos) << e.what();
+    }
+  }
+  Image src8;
+  src8.width = 30;
+  src8.height = 20;
+  src8.channels = 1;
+  src8.bits = 8;
+  for (int i = 0; i < 600; ++i)
+    src8.data.push_back(static_cast<uint8_t>(i % 7 == 0 ? 200 : i % 50));
+  DicomWriteOptions o8;
+  o8.bits_stored = 8;
+  const auto plain8 = encode_dicom(src8, o8);
+  const auto rle8 = transcode(plain8, gdcm::TransferSyntax::RLELossless);
+  ASSERT_FALSE(rle8.empty());
+  EXPECT_EQ(decode_dicom(rle8, "rle8.dcm").data, decode_dicom(plain8, "plain8.dcm").data);
+}
