@@ -61,7 +61,7 @@ Run add_bench_data(CLI::App& app) {
     std::vector<double> window;
     int batch = 32, workers = 2, size = 224, prefetch = 2, batches = 0, epochs = 0, channels = 0;
     uint64_t seed = 0;
-    bool digest = false, fail = false, eval = false;
+    bool digest = false, fail = false, eval = false, accurate_dct = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--source", o->source, "ImageFolder or CSV list")->required();
@@ -81,6 +81,8 @@ Run add_bench_data(CLI::App& app) {
   app.add_flag("--digest", o->digest, "Print a hash of every batch's bytes and of the whole run");
   app.add_flag("--fail-on-corrupt", o->fail, "Stop at the first unreadable file (default: skip)");
   app.add_flag("--eval", o->eval, "Resize + center crop instead of the training augmentations");
+  app.add_flag("--accurate-dct", o->accurate_dct,
+               "JPEG: libjpeg-turbo's accurate inverse DCT instead of its fast one");
   app.add_option("--json", o->json, "Write the figures as JSON");
   return [o]() -> int {
     comm::JobEnv job = comm::detect_job_env();  // shard by rank when launched with several
@@ -97,6 +99,7 @@ Run add_bench_data(CLI::App& app) {
              : o->out == "bf16" ? data::OutType::bf16
                                 : data::OutType::u8;
     po.fail_on_corrupt = o->fail;
+    po.idct = o->accurate_dct ? data::Idct::accurate : data::Idct::fast;
     po.hash_samples = o->digest;
     if (o->window.size() == 2) po.window = data::Window{o->window[0], o->window[1]};
     po.world = job.world;

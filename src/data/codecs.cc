@@ -87,7 +87,8 @@ int jpeg_scale_for(int region_w, int region_h, int min_side) {
   return 8;
 }
 
-Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths) {
+Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths,
+             Idct idct) {
   if (sniff(bytes.data(), bytes.size()) == Format::dicom) return decode_dicom(bytes, name);
   ImageInfo info = probe(bytes, name);
   Image img;
@@ -100,7 +101,8 @@ Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_
     img.data.resize(img.row_bytes() * img.height);
     int pf = img.channels == 1 ? TJPF_GRAY : TJPF_RGB;
     if (tjDecompress2(decompressor(), bytes.data(), bytes.size(), img.data.data(), img.width, 0,
-                      img.height, pf, TJFLAG_FASTDCT) != 0) {
+                      img.height, pf,
+                      idct == Idct::fast ? TJFLAG_FASTDCT : TJFLAG_ACCURATEDCT) != 0) {
       // Warnings (such as a truncated file with a partial image) are errors here: a partly
       // grey image would train the model on garbage.
       COHORT_THROW_AS(DecodeError,

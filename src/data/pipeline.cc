@@ -213,7 +213,7 @@ void Pipeline::run_task(size_t t) {
       const int eighths = info.format == Format::jpeg
                               ? jpeg_scale_for(static_cast<int>(box.w), static_cast<int>(box.h), S)
                               : 8;
-      img = decode(bytes, name, eighths);
+      img = decode(bytes, name, eighths, opt_.idct);
       const double sx = static_cast<double>(img.width) / info.width;
       const double sy = static_cast<double>(img.height) / info.height;
       sbox = CropBox{box.x * sx, box.y * sy, box.w * sx, box.h * sy};

@@ -40,9 +40,14 @@ struct ImageInfo {
 };
 ImageInfo probe(std::span<const uint8_t> bytes, const std::string& name);
 
+// JPEG's inverse DCT: libjpeg-turbo's fast integer one (the pipeline's default: bench/compare-data
+// measures what it costs in accuracy) or its accurate one.
+enum class Idct { fast, accurate };
+
 // Decodes `bytes` (DICOM: see dicom.h, with the file's window). For JPEG, `scale_eighths`/8
 // (1..8) asks for DCT-domain downscaling.
-Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths = 8);
+Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths = 8,
+             Idct idct = Idct::fast);
 // The largest JPEG downscale (in eighths) that keeps a w x h region at least `min_side` pixels.
 int jpeg_scale_for(int region_w, int region_h, int min_side);
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cohort/data/dicom.h"
+#include "cohort/data/image.h"
 #include "cohort/data/sampler.h"
 #include "cohort/data/source.h"
 
@@ -41,6 +42,7 @@ struct PipelineOptions {
   Layout layout = Layout::nchw;
   OutType out = OutType::f32;
   bool fail_on_corrupt = false;  // default: skip, warn and count
+  Idct idct = Idct::fast;        // JPEG inverse DCT
   bool hash_samples = false;     // fill Batch::sample_hashes (determinism checks)
   std::optional<Window> window;  // DICOM: overrides the files' window center/width
   int world = 1, rank = 0;
