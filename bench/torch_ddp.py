@@ -96,8 +96,12 @@ def worker(rank, world, port, a):
                           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                           **torch_env.describe()}), flush=True)
     if world > 1:
+        # Leave without tearing the process group down: torch 1.13's ProcessGroupGloo destructor,
+        # run from DDP's reducer with the GIL held, can deadlock joining a thread that waits for
+        # the GIL (seen here: a rank spinning for minutes after its result was printed).
         dist.barrier()
-        dist.destroy_process_group()
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def main():

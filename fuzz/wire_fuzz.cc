@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "cohort/comm/wire.h"
+#include "wire.h"
 
 using namespace cohort::comm;
 

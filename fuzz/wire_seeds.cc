@@ -6,7 +6,7 @@
 #include <fstream>
 #include <string>
 
-#include "cohort/comm/wire.h"
+#include "wire.h"
 
 using namespace cohort::comm::wire;
 

@@ -11,9 +11,9 @@
 
 #include "cohort/comm/communicator.h"
 #include "cohort/comm/cost_model.h"
-#include "cohort/comm/reduce.h"
 #include "cohort/comm/types.h"
-#include "cohort/comm/wire.h"
+#include "reduce/reduce.h"
+#include "wire.h"
 
 namespace cohort::comm::detail {
 

@@ -4,8 +4,8 @@
 #include <set>
 #include <sstream>
 
-#include "cohort/comm/reduce.h"
 #include "native_comm.h"
+#include "reduce/reduce.h"
 #ifdef COHORT_HAVE_UCX
 #include "transport/ucx/ucx_transport.h"
 #endif

@@ -1,4 +1,4 @@
-#include "cohort/comm/reduce.h"
+#include "reduce/reduce.h"
 
 #include <gtest/gtest.h>
 

@@ -5,8 +5,8 @@
 
 #include <thread>
 
-#include "cohort/comm/wire.h"
 #include "cohort/core/error.h"
+#include "wire.h"
 
 using namespace cohort::comm;
 using std::chrono::milliseconds;

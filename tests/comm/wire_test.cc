@@ -1,4 +1,4 @@
-#include "cohort/comm/wire.h"
+#include "wire.h"
 
 #include <gtest/gtest.h>
 

@@ -4,10 +4,10 @@
 #include <cstring>
 #include <vector>
 
-#include "cohort/comm/reduce.h"
 #include "cohort/core/bits.h"
 #include "cohort/core/error.h"
 #include "collectives.h"
+#include "reduce/reduce.h"
 
 namespace cohort::comm::detail {
 

@@ -2,9 +2,9 @@
 // large ones.
 #include <cstring>
 
-#include "cohort/comm/reduce.h"
 #include "cohort/core/error.h"
 #include "collectives.h"
+#include "reduce/reduce.h"
 
 namespace cohort::comm::detail {
 

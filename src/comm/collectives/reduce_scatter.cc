@@ -1,9 +1,9 @@
 // reduce_scatter: ring, shifted by one block so that each rank ends owning its own block.
 #include <cstring>
 
-#include "cohort/comm/reduce.h"
 #include "cohort/core/error.h"
 #include "collectives.h"
+#include "reduce/reduce.h"
 
 namespace cohort::comm::detail {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "cohort/comm/communicator.h"
-#include "cohort/comm/reduce.h"
 #include "cohort/core/error.h"
+#include "reduce/reduce.h"
 
 namespace cohort::comm {
 

@@ -8,9 +8,9 @@
 #include <map>
 
 #include "cohort/comm/store.h"
-#include "cohort/comm/wire.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "wire.h"
 
 namespace cohort::comm {
 
