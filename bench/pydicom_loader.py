@@ -9,13 +9,15 @@ import glob
 import json
 import os
 import sys
-import time
 
 import numpy as np
 import pydicom
 import torch
 import torchvision.transforms.functional as F
 from torchvision import transforms
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+from loader_rate import loader_rate  # noqa: E402
 
 
 def first(v, fallback):
@@ -71,18 +73,8 @@ def main():
     ds = Scans(folder, size)
     loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
                                          persistent_workers=True, worker_init_fn=init_worker)
-    warm, seen, done, t0 = 2, 0, 0, None
-    while done < batches + warm:
-        for images, _ in loader:
-            done += 1
-            if done == warm:
-                t0 = time.perf_counter()
-            elif done > warm:
-                seen += images.shape[0]
-            if done >= batches + warm:
-                break
-    secs = time.perf_counter() - t0
-    print(json.dumps({"images_per_s": seen / secs, "images": seen, "workers": workers,
+    ips, seen = loader_rate(loader, batches, warm=2)
+    print(json.dumps({"images_per_s": ips, "images": seen, "workers": workers,
                       "pydicom": pydicom.__version__, "torch": torch.__version__}))
 
 

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import sys
-import time
 
 import numpy as np
 import torch
@@ -20,6 +19,9 @@ import torchvision
 import torchvision.transforms.functional as F
 from PIL import Image
 from torchvision import transforms
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+from loader_rate import loader_rate  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -78,17 +80,7 @@ def rate(mode, source, batch, workers, size, batches):
                                          shuffle=True, num_workers=workers, drop_last=False,
                                          persistent_workers=True,
                                          worker_init_fn=lambda _: torch.set_num_threads(1))
-    warm, seen, done, t0 = 3, 0, 0, None
-    while done < batches + warm:
-        for images, _ in loader:
-            done += 1
-            if done == warm:
-                t0 = time.perf_counter()
-            elif done > warm:
-                seen += images.shape[0]
-            if done >= batches + warm:
-                break
-    return seen / (time.perf_counter() - t0)
+    return loader_rate(loader, batches)[0]
 
 
 def psnr(a, b):
