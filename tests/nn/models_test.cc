@@ -12,7 +12,6 @@
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
 #include "cohort/nn/safetensors.h"
-#include "testing/skip.h"
 #include "testing/temp_dir.h"
 
 namespace cohort::nn {
@@ -269,12 +268,11 @@ TEST(Models, BadInputGivesClearErrors) {
   EXPECT_THROW(make_optimizer(*m, OptimOptions{"adam"}), Error);
 }
 
-// Weights written here load into torchvision and give the same outputs (skipped where
-// Debian's python3-torch is not installed, except under CI, where scripts/test installs it).
+// Weights written here load into torchvision and give the same outputs (Debian's python3-torch,
+// which scripts/test installs; without it the test fails, it never skips).
 TEST(Interop, TorchvisionLoadsOurWeightsAndAgrees) {
-  if (std::system("/usr/bin/python3 -c 'import torch, torchvision' >/dev/null 2>&1") != 0) {
-    COHORT_SKIP_UNLESS_CI("python3-torch / python3-torchvision not installed");
-  }
+  ASSERT_EQ(std::system("/usr/bin/python3 -c 'import torch, torchvision' >/dev/null 2>&1"), 0)
+      << "python3-torch / python3-torchvision missing: scripts/test installs them";
   TempDir dir;
   for (const char* name : {"resnet18", "densenet121"}) {
     auto m = make_model(name, ModelOptions{1, 3, 64, 4});
@@ -300,9 +298,8 @@ TEST(Interop, TorchvisionLoadsOurWeightsAndAgrees) {
 // And the reverse: torchvision's own weights (its state_dict as safetensors) load here and give
 // torchvision's outputs.
 TEST(Interop, TorchvisionWeightsLoadHereAndAgree) {
-  if (std::system("/usr/bin/python3 -c 'import torch, torchvision' >/dev/null 2>&1") != 0) {
-    COHORT_SKIP_UNLESS_CI("python3-torch / python3-torchvision not installed");
-  }
+  ASSERT_EQ(std::system("/usr/bin/python3 -c 'import torch, torchvision' >/dev/null 2>&1"), 0)
+      << "python3-torch / python3-torchvision missing: scripts/test installs them";
   TempDir dir;
   for (const char* name : {"resnet50", "densenet121"}) {
     Tensor x = random({2, 1, 64, 64}, 8);
