@@ -192,16 +192,21 @@ std::optional<Window> file_window(const gdcm::DataSet& ds) {
   return std::nullopt;
 }
 
-// Native (uncompressed, little-endian) pixel data where it lies in `bytes`: GDCM parses the data
-// set up to the pixel data element and no further (no copy of the pixels into GDCM's element,
-// and none out of it).
-struct NativePixels {
+}  // namespace
+
+// A file's stored pixels, found once: native (uncompressed, little-endian) pixel data where it
+// lies in the file's bytes (GDCM parses the data set up to the pixel data element and no
+// further: no copy of the pixels into GDCM's element, and none out of it), or decoded (RLE here,
+// every other transfer syntax by GDCM).
+struct StoredPixels {
   StoredFormat format;
   const uint8_t* data = nullptr;  // in the file's bytes, or
-  std::vector<uint8_t> decoded;   // decoded here (RLE)
+  std::vector<uint8_t> decoded;   // decoded (RLE, or GDCM's buffer)
   std::optional<Window> window;   // the file's
   const uint8_t* pixels() const { return decoded.empty() ? data : decoded.data(); }
 };
+
+namespace {
 
 uint32_t le32(const uint8_t* p) {
   uint32_t v;
@@ -279,7 +284,7 @@ std::vector<uint8_t> decode_rle(std::span<const uint8_t> bytes, size_t at, const
 
 // Nothing when the file is not of that kind or lacks an attribute the fast path needs; the
 // general path then decodes it. With `pixels` false, only the format is wanted (no decoding).
-std::optional<NativePixels> parse_native(std::span<const uint8_t> bytes, const std::string& name,
+std::optional<StoredPixels> parse_native(std::span<const uint8_t> bytes, const std::string& name,
                                          bool pixels = true) {
   SpanBuf buf(bytes.data(), bytes.size());
   std::istream in(&buf);
@@ -335,7 +340,7 @@ std::optional<NativePixels> parse_native(std::span<const uint8_t> bytes, const s
   f.intercept = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1052))).value_or(0.0);
   if (f.slope == 0) f.slope = 1.0;
   if (rle) {
-    NativePixels n{f, nullptr, {}, file_window(ds)};
+    StoredPixels n{f, nullptr, {}, file_window(ds)};
     if (pixels) n.decoded = decode_rle(bytes, data_at, f, name);
     return n;
   }
@@ -349,27 +354,16 @@ std::optional<NativePixels> parse_native(std::span<const uint8_t> bytes, const s
     COHORT_THROW_AS(DecodeError, name << ": " << length << " bytes of pixel data for " << f.width
                                       << "x" << f.height << " at " << f.bits_allocated << " bits");
   }
-  return NativePixels{f, bytes.data() + data_at, {}, file_window(ds)};
+  return StoredPixels{f, bytes.data() + data_at, {}, file_window(ds)};
 }
 
 }  // namespace
 
-ImageInfo probe_dicom(std::span<const uint8_t> bytes, const std::string& name) {
-  quiet_gdcm();
-  if (auto n = parse_native(bytes, name, false)) {
-    return ImageInfo{n->format.width, n->format.height, 1, Format::dicom};
-  }
-  const Image img = decode_dicom(bytes, name);
-  return ImageInfo{img.width, img.height, 1, Format::dicom};
-}
+namespace {
 
-Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
-                   std::optional<Window> window, std::optional<PixelRegion> region) {
-  quiet_gdcm();
-  if (auto n = parse_native(bytes, name)) {
-    return window_pixels(n->pixels(), n->format, window ? window : n->window, region);
-  }
-  // Every other transfer syntax (compressed, big endian, deflated): GDCM decodes the pixels.
+// Every transfer syntax the fast paths do not take (JPEG, JPEG-LS, JPEG 2000, big endian,
+// deflated): GDCM's image reader decodes the pixels.
+StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string& name) {
   SpanBuf buf(bytes.data(), bytes.size());
   std::istream in(&buf);
   gdcm::ImageReader reader;
@@ -396,8 +390,8 @@ Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
     COHORT_THROW_AS(DecodeError,
                     name << ": truncated: " << bytes.size() << " of " << declared << " bytes");
   }
-  std::vector<char> raw(len);
-  if (!img.GetBuffer(raw.data())) {
+  std::vector<uint8_t> raw(len);
+  if (!img.GetBuffer(reinterpret_cast<char*>(raw.data()))) {
     COHORT_THROW_AS(DecodeError, name << ": pixel data cannot be decoded (transfer syntax "
                                       << reader.GetFile().GetHeader().GetDataSetTransferSyntax()
                                       << ")");
@@ -419,8 +413,43 @@ Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
       img.GetPhotometricInterpretation() == gdcm::PhotometricInterpretation::MONOCHROME1;
   f.slope = img.GetSlope();
   f.intercept = img.GetIntercept();
-  if (!window) window = file_window(reader.GetFile().GetDataSet());
-  return window_pixels(reinterpret_cast<const uint8_t*>(raw.data()), f, window, region);
+  return StoredPixels{f, nullptr, std::move(raw), file_window(reader.GetFile().GetDataSet())};
+}
+
+}  // namespace
+
+DicomPixels::DicomPixels(std::span<const uint8_t> bytes, const std::string& name)
+    : s_(std::make_unique<StoredPixels>()) {
+  quiet_gdcm();
+  if (auto n = parse_native(bytes, name)) {
+    *s_ = std::move(*n);
+  } else {
+    *s_ = decode_with_gdcm(bytes, name);
+  }
+}
+
+DicomPixels::~DicomPixels() = default;
+DicomPixels::DicomPixels(DicomPixels&&) noexcept = default;
+
+ImageInfo DicomPixels::info() const {
+  return ImageInfo{s_->format.width, s_->format.height, 1, Format::dicom};
+}
+
+Image DicomPixels::window(std::optional<Window> window, std::optional<PixelRegion> region) const {
+  return window_pixels(s_->pixels(), s_->format, window ? window : s_->window, region);
+}
+
+ImageInfo probe_dicom(std::span<const uint8_t> bytes, const std::string& name) {
+  quiet_gdcm();
+  if (auto n = parse_native(bytes, name, false)) {
+    return ImageInfo{n->format.width, n->format.height, 1, Format::dicom};
+  }
+  return DicomPixels(bytes, name).info();
+}
+
+Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
+                   std::optional<Window> window, std::optional<PixelRegion> region) {
+  return DicomPixels(bytes, name).window(window, region);
 }
 
 std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& opt) {

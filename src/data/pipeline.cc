@@ -199,7 +199,10 @@ void Pipeline::run_task(size_t t) {
     std::span<const uint8_t> bytes = source_->bytes(idx, scratch);
     auto t1 = Clock::now();
     read_s = std::chrono::duration<double>(t1 - t0).count();
-    const ImageInfo info = probe(bytes, name);
+    // A DICOM file is parsed once, for its size and then for the crop's pixels.
+    std::optional<DicomPixels> dicom;
+    if (sniff(bytes.data(), bytes.size()) == Format::dicom) dicom.emplace(bytes, name);
+    const ImageInfo info = dicom ? dicom->info() : probe(bytes, name);
     CropBox box = opt_.train
                       ? random_resized_crop_box(info.width, info.height, rng, opt_.crop_scale_min)
                       : resize_center_crop_box(info.width, info.height, opt_.resize, S);
@@ -212,7 +215,7 @@ void Pipeline::run_task(size_t t) {
       const int y0 = std::max(0, static_cast<int>(std::floor(box.y)) - 2);
       const int x1 = std::min(info.width, static_cast<int>(std::ceil(box.x + box.w)) + 2);
       const int y1 = std::min(info.height, static_cast<int>(std::ceil(box.y + box.h)) + 2);
-      img = decode_dicom(bytes, name, opt_.window, PixelRegion{x0, y0, x1 - x0, y1 - y0});
+      img = dicom->window(opt_.window, PixelRegion{x0, y0, x1 - x0, y1 - y0});
       sbox = CropBox{box.x - x0, box.y - y0, box.w, box.h};
     } else {
       const int eighths = info.format == Format::jpeg

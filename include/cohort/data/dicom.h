@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -36,6 +37,22 @@ Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
                    std::optional<PixelRegion> region = std::nullopt);
 // The image's size without decoding its pixels (native pixel data; others decode).
 ImageInfo probe_dicom(std::span<const uint8_t> bytes, const std::string& name);
+
+// A file parsed once: its size, then windowed pixels on demand. The pipeline asks for the size,
+// chooses its crop and windows only the crop, without parsing or decoding the file twice.
+struct StoredPixels;
+class DicomPixels {
+ public:
+  DicomPixels(std::span<const uint8_t> bytes, const std::string& name);  // `bytes` must outlive it
+  ~DicomPixels();
+  DicomPixels(DicomPixels&&) noexcept;
+  ImageInfo info() const;
+  // As decode_dicom: `window` overrides the file's; `region` cuts a rectangle.
+  Image window(std::optional<Window> window, std::optional<PixelRegion> region) const;
+
+ private:
+  std::unique_ptr<StoredPixels> s_;
+};
 
 struct DicomWriteOptions {
   int bits_stored = 12;  // 8, 12 or 16
