@@ -20,30 +20,26 @@ void Reader::need(size_t k, const char* what) const {
   }
 }
 
-uint8_t Reader::u8() {
-  need(1, "u8");
-  uint8_t v = *p_;
-  p_ += 1;
-  n_ -= 1;
+template <typename T>
+T Reader::fixed(const char* what) {
+  need(sizeof(T), what);
+  T v;
+  std::memcpy(&v, p_, sizeof(T));
+  p_ += sizeof(T);
+  n_ -= sizeof(T);
   return v;
+}
+
+uint8_t Reader::u8() {
+  return fixed<uint8_t>("u8");
 }
 
 uint32_t Reader::u32() {
-  need(4, "u32");
-  uint32_t v;
-  std::memcpy(&v, p_, 4);
-  p_ += 4;
-  n_ -= 4;
-  return v;
+  return fixed<uint32_t>("u32");
 }
 
 uint64_t Reader::u64() {
-  need(8, "u64");
-  uint64_t v;
-  std::memcpy(&v, p_, 8);
-  p_ += 8;
-  n_ -= 8;
-  return v;
+  return fixed<uint64_t>("u64");
 }
 
 std::string Reader::str() {

@@ -123,6 +123,17 @@ TEST(Training, SmallCnnLearnsLesionsOnSyntheticScans) {
   nn::load_weights(*m, dir.file("out/model.safetensors"));
 }
 
+// smallcnn on 64 scans of 24 px, batch 16, quiet.
+TrainConfig tiny_scan_run(TempDir& dir) {
+  TrainConfig c;
+  c.model = "smallcnn";
+  c.data = testing::make_scan_set(dir.file("scans"), 64, 24);
+  c.batch = 16;
+  c.image_size = 24;
+  c.log_every = 100;
+  return c;
+}
+
 // The scaler's rules, one by one: an overflow (beyond f16's 65504, inf or NaN) skips the step
 // and halves the scale without touching the gradients; a good step divides them back; after
 // `growth_interval` good steps in a row the scale doubles; disabled, nothing changes.
@@ -161,16 +172,10 @@ TEST(LossScaler, SkipsOverflowsUnscalesAndGrows) {
 // scale backs off until steps go through, and training ends with a finite loss.
 TEST(Training, F16DynamicLossScalingSkipsOverflowingSteps) {
   TempDir dir;
-  TrainConfig c;
-  c.model = "smallcnn";
-  c.data = testing::make_scan_set(dir.file("scans"), 64, 24);
-  c.epochs = 3;
-  c.batch = 16;
-  c.image_size = 24;
+  TrainConfig c = tiny_scan_run(dir);
   c.precision = Precision::f16;
   c.epochs = 5;
   c.loss_scale = 1e7f;  // scaled gradients leave f16's range at once
-  c.log_every = 100;
   TrainSummary r = run_training(c);
   EXPECT_GE(r.skipped_steps, 1);
   EXPECT_LT(r.skipped_steps, r.steps);
@@ -184,13 +189,8 @@ TEST(Training, F16DynamicLossScalingSkipsOverflowingSteps) {
 // range, so no loss scaling).
 TEST(Training, Bf16ComputesInBf16WhereSupportedAndStaysClose) {
   TempDir dir;
-  TrainConfig c;
-  c.model = "smallcnn";
-  c.data = testing::make_scan_set(dir.file("scans"), 64, 24);
-  c.batch = 16;
-  c.image_size = 24;
+  TrainConfig c = tiny_scan_run(dir);
   c.epochs = 2;
-  c.log_every = 100;
   c.workers = 1;
   const TrainSummary f = run_training(c);
   c.precision = Precision::bf16;

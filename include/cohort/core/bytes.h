@@ -45,6 +45,8 @@ class Reader {
 
  private:
   void need(size_t k, const char* what) const;
+  template <typename T>
+  T fixed(const char* what);  // a little-endian field of T's size
   const uint8_t* p_;
   size_t n_;
 };
