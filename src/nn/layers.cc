@@ -192,6 +192,8 @@ void Conv2d::reset_parameters(uint64_t seed) {
 
 Var Conv2d::forward(const Var& x_in) {
   profile::Scope prof("conv.fwd");
+  need_value(*w_);
+  if (b_) need_value(*b_);
   Tensor x32 = as_channels_last(x_in, "Conv2d", o_.in);
   const DType ct = compute_type();
   const auto cdt = dn::dt(ct);
@@ -244,6 +246,7 @@ Var Conv2d::forward(const Var& x_in) {
     if (b_) tape->use(*b_);
     Plan* plan = &p;
     tape->push(out, [this, tape, plan, x_in, out, x, ct, cdt]() {
+      need_value(*w_);  // backward data reads the weights
       Plan& p = *plan;
       if (!p.has_bwd) {
         auto dd = dnnl::convolution_backward_data::desc(
@@ -340,6 +343,8 @@ void BatchNorm2d::reset_parameters(uint64_t) {
 
 Var BatchNorm2d::forward(const Var& x_in) {
   profile::Scope prof("bn.fwd");
+  need_value(*w_);
+  need_value(*b_);
   Tensor x = as_channels_last(x_in, "BatchNorm2d", c_);
   const bool train = training_;
   if (train && cross_rank_sum_) return forward_synced(x_in, x);
@@ -394,6 +399,8 @@ Var BatchNorm2d::forward(const Var& x_in) {
     Plan* plan = &p;
     tape->push(out, [this, tape, plan, x_in, out, x, mean, var, ws]() {
       profile::Scope prof("bn.bwd");
+      need_value(*w_);
+      need_value(*b_);
       Plan& p = *plan;
       if (!p.has_bwd) {
         auto d = dnnl::batch_normalization_backward::desc(
@@ -486,6 +493,7 @@ Var BatchNorm2d::forward_synced(const Var& x_in, const Tensor& x) {
     tape->use(*b_);
     tape->push(out, [this, tape, x_in, out, x, mean, invstd, count, pixels]() {
       profile::Scope prof("syncbn.bwd");
+      need_value(*w_);
       const int64_t c = c_;
       Tensor dy = grad_like_value(out);
       const float* gp = dy.data<float>();
@@ -826,6 +834,8 @@ void Linear::reset_parameters(uint64_t seed) {
 
 Var Linear::forward(const Var& x_in) {
   profile::Scope prof("linear.fwd");
+  need_value(*w_);
+  if (b_) need_value(*b_);
   Tensor x = x_in->value.contiguous();
   COHORT_CHECK(x.dim() == 2 && x.size(1) == in_,
                "Linear expects [N, " << in_ << "], got " << tensor::shape_string(x.shape()));
@@ -847,6 +857,7 @@ Var Linear::forward(const Var& x_in) {
     if (b_) tape->use(*b_);
     tape->push(out, [this, tape, x_in, out, xc, wc, n, ct]() {
       profile::Scope prof("linear.bwd");
+      need_value(*w_);  // wc is a view of the weights in f32
       Tensor dy32 = out->grad.contiguous();
       const Tensor dy = ct == DType::f32 ? dy32 : convert(dy32, ct);
       tensor::matmul(dy, true, xc, false, w_->grad, 1.0f);

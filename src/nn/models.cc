@@ -1,5 +1,6 @@
 // Models by name, in torchvision's layout and with its parameter names, so that weights
 // exchanged as safetensors load on either side.
+#include <algorithm>
 #include <functional>
 #include <map>
 
@@ -285,28 +286,101 @@ std::unique_ptr<Model> make_model(const std::string& name, const ModelOptions& o
   COHORT_CHECK(o.in_channels > 0 && o.num_classes > 0, "model " << name << ": in_channels "
                                                                 << o.in_channels << ", num_classes "
                                                                 << o.num_classes);
-  return std::make_unique<Model>(name, it->second(o), o);
+  // The units: ResNet's blocks, DenseNet's dense layers and transitions, the small CNN's layers;
+  // the stem and the head are the runs of parameters around them.
+  std::function<bool(const std::string&)> is_unit;
+  auto depth = [](const std::string& s) { return std::count(s.begin(), s.end(), '.'); };
+  if (name.rfind("resnet", 0) == 0) {
+    is_unit = [depth](const std::string& m) { return m.rfind("layer", 0) == 0 && depth(m) == 1; };
+  } else if (name.rfind("densenet", 0) == 0) {
+    is_unit = [depth](const std::string& m) {
+      return (m.rfind("features.denseblock", 0) == 0 && depth(m) == 2) ||
+             (m.rfind("features.transition", 0) == 0 && depth(m) == 1);
+    };
+  } else if (name == "smallcnn") {
+    is_unit = [depth](const std::string& m) {
+      return m.rfind("features.", 0) == 0 && depth(m) == 1;
+    };
+  }
+  return std::make_unique<Model>(name, it->second(o), o, is_unit);
 }
 
 // ------------------------------------------------------------------------------------------
 
-Model::Model(std::string name, std::unique_ptr<Module> root, const ModelOptions& o)
+namespace {
+
+// The units of a module tree: each module that is_unit names, and each run of parameters between
+// them (named "stem" before the first, "head" after the last).
+std::vector<Unit> find_units(Module& root, const std::vector<Param*>& params,
+                             const std::function<bool(const std::string&)>& is_unit) {
+  std::vector<std::string> prefixes;  // the unit modules, "name."
+  if (is_unit) {
+    std::vector<std::pair<std::string, Module*>> mods;
+    root.modules("", &mods);
+    for (auto& [name, m] : mods)
+      if (!name.empty() && is_unit(name)) prefixes.push_back(name + ".");
+  }
+  auto unit_of = [&](const std::string& param) -> std::string {
+    for (const std::string& p : prefixes)
+      if (param.compare(0, p.size(), p) == 0) return p.substr(0, p.size() - 1);
+    return "";
+  };
+  std::vector<Unit> units;
+  bool seen_unit = false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::string name = unit_of(params[i]->name);
+    const bool outside = name.empty();
+    if (outside) name = seen_unit ? "head" : "stem";
+    seen_unit = seen_unit || !outside;
+    if (units.empty() || units.back().name != name) {
+      Unit u;
+      u.name = name;
+      u.first = static_cast<int>(i);
+      units.push_back(u);
+    }
+    units.back().last = static_cast<int>(i) + 1;
+  }
+  // A run outside units between two units: named by its position.
+  for (size_t i = 1; i + 1 < units.size(); ++i)
+    if (units[i].name == "head") units[i].name = "between." + std::to_string(i);
+  return units;
+}
+
+}  // namespace
+
+Model::Model(std::string name, std::unique_ptr<Module> root, const ModelOptions& o,
+             const std::function<bool(const std::string&)>& is_unit)
     : name_(std::move(name)), root_(std::move(root)), opt_(o) {
   root_->collect("", &params_, &buffers_);
+  for (size_t i = 0; i < params_.size(); ++i) params_[i]->index = static_cast<int>(i);
+  units_ = find_units(*root_, params_, is_unit);
+  align_units(1);
+  reset_parameters(o.seed);
+}
+
+void Model::align_units(size_t align) {
+  COHORT_CHECK(align > 0, "unit alignment " << align);
+  auto up = [align](size_t n) { return (n + align - 1) / align * align; };
   size_t total = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Param* p = params_[i];
-    p->index = static_cast<int>(i);
-    p->offset = total;
-    total += flat_slot(static_cast<size_t>(tensor::shape_numel(p->shape)));
+  for (Unit& u : units_) {
+    total = up(total);
+    u.begin = total;
+    for (int i = u.first; i < u.last; ++i) {
+      params_[static_cast<size_t>(i)]->offset = total;
+      total += flat_slot(
+          static_cast<size_t>(tensor::shape_numel(params_[static_cast<size_t>(i)]->shape)));
+    }
+    total = up(total);
+    u.end = total;
   }
   values_ = Tensor::zeros({static_cast<int64_t>(total)});
   grads_ = Tensor::zeros({static_cast<int64_t>(total)});
   for (Param* p : params_) {
+    Tensor before = p->value;
     p->value = Tensor::view_of(values_, p->offset * sizeof(float), p->shape);
     p->grad = Tensor::view_of(grads_, p->offset * sizeof(float), p->shape);
+    if (before.defined()) p->value.copy_(before);
   }
-  reset_parameters(o.seed);
 }
 
 void Model::reset_parameters(uint64_t seed) {

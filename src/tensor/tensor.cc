@@ -116,7 +116,9 @@ std::shared_ptr<Block> Allocator::allocate(size_t bytes) {
     s_->stats.peak_in_use = std::max(s_->stats.peak_in_use, s_->stats.in_use);
   }
   if (!b->ptr) {
-    b->ptr = std::aligned_alloc(64, rounded);
+    // Blocks of a MiB and more start on a page: ZeRO frees whole pages of the flat buffers.
+    const size_t align = rounded >= (size_t{1} << 20) ? 4096 : 64;
+    b->ptr = std::aligned_alloc(align, (rounded + align - 1) & ~(align - 1));
     if (!b->ptr) {
       std::lock_guard<std::mutex> lock(s_->mu);
       s_->stats.in_use -= b->bytes;
@@ -142,6 +144,18 @@ void Allocator::release(Block* b) {
 AllocatorStats Allocator::stats() const {
   std::lock_guard<std::mutex> lock(s_->mu);
   return s_->stats;
+}
+
+void Allocator::trim() {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  for (auto& [bytes, ptr] : s_->free) std::free(ptr);
+  s_->free.clear();
+  s_->stats.cached = 0;
+}
+
+void Allocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  s_->stats.peak_in_use = s_->stats.in_use;
 }
 
 Block::~Block() {

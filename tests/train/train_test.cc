@@ -141,30 +141,32 @@ TEST(LossScaler, SkipsOverflowsUnscalesAndGrows) {
   LossScaler s(true, 1024.0f, 3);
   tensor::Tensor g = tensor::Tensor::zeros({4});
   float* v = g.data<float>();
+  nn::OptimTarget t;  // the optimiser's gradients: one range here
+  t.ranges.push_back({nullptr, v, 4});
   v[0] = 2048.0f;
   v[1] = 70000.0f;  // beyond f16
-  EXPECT_FALSE(s.unscale(g));
+  EXPECT_FALSE(s.unscale(t));
   EXPECT_EQ(s.scale(), 512.0f);
   EXPECT_EQ(s.skipped_steps(), 1);
   EXPECT_EQ(v[0], 2048.0f);
   v[1] = std::nanf("");
-  EXPECT_FALSE(s.unscale(g));
+  EXPECT_FALSE(s.unscale(t));
   EXPECT_EQ(s.scale(), 256.0f);
   v[1] = 512.0f;
   for (int i = 0; i < 2; ++i) {
     v[0] = 256.0f;
-    EXPECT_TRUE(s.unscale(g));
+    EXPECT_TRUE(s.unscale(t));
     EXPECT_EQ(v[0], 1.0f);
     EXPECT_EQ(s.scale(), 256.0f);
     v[1] = 512.0f;
   }
-  EXPECT_TRUE(s.unscale(g));  // the third good step in a row
+  EXPECT_TRUE(s.unscale(t));  // the third good step in a row
   EXPECT_EQ(s.scale(), 512.0f);
   EXPECT_EQ(s.skipped_steps(), 2);
   LossScaler off(false, 1024.0f);
   v[0] = 1e30f;
   EXPECT_EQ(off.scale(), 1.0f);
-  EXPECT_TRUE(off.unscale(g));
+  EXPECT_TRUE(off.unscale(t));
   EXPECT_EQ(v[0], 1e30f);
 }
 

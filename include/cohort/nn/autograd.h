@@ -18,15 +18,30 @@ using tensor::DType;
 using tensor::Shape;
 using tensor::Tensor;
 
+class Residency;
+
 struct Param {
   std::string name;  // torchvision's name, e.g. "layer1.0.conv1.weight"
   Shape shape;
-  Tensor value, grad;  // views into the model's flat buffers
-  bool decay = true;   // false for norm weights and biases (optimisers may exempt them)
-  size_t offset = 0;   // in elements, into the flat buffers
-  int index = 0;       // registration order
-  int pending = 0;     // uses recorded in this forward, not yet back-propagated
+  Tensor value, grad;              // views into the model's flat buffers
+  bool decay = true;               // false for norm weights and biases (optimisers may exempt them)
+  size_t offset = 0;               // in elements, into the flat buffers
+  int index = 0;                   // registration order
+  int pending = 0;                 // uses recorded in this forward, not yet back-propagated
+  Residency* residency = nullptr;  // set when the value is sharded (see below)
 };
+
+// Where a sharded parameter's value comes from (ZeRO-3, FSDP): told before every read of
+// Param::value by a layer's forward or backward, so that the value can be gathered first. Null
+// (the default): the value is always in place.
+class Residency {
+ public:
+  virtual ~Residency() = default;
+  virtual void need(Param& p) = 0;
+};
+inline void need_value(Param& p) {
+  if (p.residency) p.residency->need(p);
+}
 
 // An activation. Parameters are not nodes: the op that uses one adds to Param::grad itself.
 struct Node {

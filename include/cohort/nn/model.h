@@ -3,6 +3,7 @@
 // Flat buffers are what DDP buckets and ZeRO shards slice; the per-layer tensors are views.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,16 @@ inline size_t flat_slot(size_t numel) {
   return (numel + 15) & ~size_t{15};
 }
 
+// A unit: the grain of sharding (FSDP's wrapped module, one ZeRO-3 gather): one block of the
+// network (a ResNet BasicBlock or Bottleneck, a DenseNet dense layer or transition) or a run of
+// parameters outside blocks (the stem, the head). Parameters [first, last) in registration
+// order, which is also the order forward uses them; elements [begin, end) of the flat buffers.
+struct Unit {
+  std::string name;
+  int first = 0, last = 0;
+  size_t begin = 0, end = 0;
+};
+
 struct ModelOptions {
   int in_channels = 3;  // 1 for grayscale scans
   int num_classes = 1000;
@@ -27,7 +38,9 @@ struct ModelOptions {
 
 class Model {
  public:
-  Model(std::string name, std::unique_ptr<Module> root, const ModelOptions& o);
+  // is_unit(name) says which modules are units (see Unit); null: the whole model is one.
+  Model(std::string name, std::unique_ptr<Module> root, const ModelOptions& o,
+        const std::function<bool(const std::string&)>& is_unit = {});
 
   Var forward(const Var& x) { return root_->forward(x); }
   void train(bool on) { root_->train(on); }
@@ -43,6 +56,11 @@ class Model {
   int64_t num_parameters() const;  // elements, without alignment padding
   Tensor& flat_values() { return values_; }
   Tensor& flat_grads() { return grads_; }
+  const std::vector<Unit>& units() const { return units_; }
+  // Lays the flat buffers out again so that every unit starts and ends on a multiple of `align`
+  // elements (zero padding between), keeping the values: ZeRO splits each unit into equal
+  // chunks, one per rank, and frees whole pages of it. New buffers; the Params' views follow.
+  void align_units(size_t align);
   Module& root() { return *root_; }
 
   // Re-runs torchvision's initialisation from a seed.
@@ -54,6 +72,7 @@ class Model {
   ModelOptions opt_;
   std::vector<Param*> params_;
   std::vector<Buffer*> buffers_;
+  std::vector<Unit> units_;
   Tensor values_, grads_;
 };
 

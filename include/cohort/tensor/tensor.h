@@ -49,6 +49,8 @@ class Allocator {
   std::shared_ptr<Block> allocate(size_t bytes);
   void release(Block* b);  // called by ~Block
   AllocatorStats stats() const;
+  void reset_peak();  // peak_in_use starts again from in_use
+  void trim();        // frees every cached block (after a set-up that dropped large buffers)
 
  private:
   Allocator();

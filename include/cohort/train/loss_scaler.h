@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "cohort/tensor/tensor.h"
+#include "cohort/nn/optim.h"
 
 namespace cohort::train {
 
@@ -19,8 +19,9 @@ class LossScaler {
   float scale() const { return scale_; }
   // After backward (and DDP's averaging): true when the optimiser step may apply, with the
   // gradients unscaled; false on overflow (the step is to be skipped; the scale is halved).
-  // Every rank holds the same averaged gradients, so every rank decides alike.
-  bool unscale(tensor::Tensor& flat_grads);
+  // The gradients are the optimiser's (a rank's shards under ZeRO): an overflow on any rank is
+  // summed over the ranks, so that every rank decides alike.
+  bool unscale(const nn::OptimTarget& grads);
   int64_t skipped_steps() const { return skipped_; }
 
  private:
