@@ -11,6 +11,11 @@ and synthetic data, over the gloo backend, tuned as a reader who knows DDP would
     the scaling efficiency is computed the same way on both sides;
   - nothing in the timed step that Cohort does not pay for: the exposed communication is measured
     apart, as the mean step time minus that of the same steps under no_sync() (no allreduce).
+--zero wraps the optimizer in torch.distributed.optim.ZeroRedundancyOptimizer (PyTorch's ZeRO-1:
+optimizer state sharded, each rank steps its shard and broadcasts it), tuned with
+parameters_as_bucket_view=True (one broadcast per bucket, not per parameter); its
+overlap_with_ddp needs NCCL (torch refuses it with gloo: "Gloo may hang"), so it is off. The
+model state (parameters, gradients, this rank's optimizer state) is reported in bytes.
 Starts WORLD processes itself (or joins a job given RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, as in
 the emulated cluster) and prints one JSON line from rank 0."""
 import argparse
@@ -52,7 +57,16 @@ def worker(rank, world, port, a):
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(
             model, gradient_as_bucket_view=True, broadcast_buffers=False)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    if a.optimizer == "adamw":
+        cls, kw = torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 1e-4}
+    else:
+        cls, kw = torch.optim.SGD, {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
+    if a.zero and world > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=cls,
+                                      parameters_as_bucket_view=True, **kw)
+    else:
+        opt = cls(net.parameters(), **kw)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
@@ -82,6 +96,11 @@ def worker(rank, world, port, a):
         with net.no_sync():
             quiet = timed(a.steps)
         comm = max(0.0, mean - sum(quiet) / len(quiet))
+    # Model state on this rank: parameters, gradients and the optimizer state it holds.
+    local = opt.optim if a.zero and world > 1 else opt
+    state_bytes = sum(v.numel() * v.element_size() for s in local.state.values()
+                      for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    psi = sum(p.numel() for p in model.parameters())
     t = torch.tensor([mean, comm])
     if world > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -90,6 +109,10 @@ def worker(rank, world, port, a):
                           "threads": torch.get_num_threads(), "ms_per_step": mean,
                           "ms_each": ms, "images_per_s": 1e3 * a.batch * world / t[0].item(),
                           "comm_wait_ms": t[1].item(), "cores": cores,
+                          "optimizer": a.optimizer, "zero": bool(a.zero and world > 1),
+                          "parameters": psi,
+                          "model_state_bytes": 8 * psi + state_bytes,
+                          "optimizer_state_bytes": state_bytes,
                           "memory_format": "channels_last" if a.channels_last else "contiguous",
                           "ddp": {"gradient_as_bucket_view": True, "broadcast_buffers": False,
                                   "backend": "gloo"} if world > 1 else None,
@@ -115,6 +138,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    ap.add_argument("--zero", action="store_true")
     ap.add_argument("--no-pin", dest="pin", action="store_false")
     a = ap.parse_args()
     if "RANK" in os.environ:

@@ -38,6 +38,14 @@ int main(int argc, char** argv) {
       bench->add_subcommand("train", "Training step time on synthetic data, with the op split");
   runs[bench_train] = cohort::cli::add_bench_train(*bench_train);
 
+  CLI::App* ckpt = app.add_subcommand("checkpoint", "Inspect or consolidate a checkpoint");
+  ckpt->require_subcommand(1);
+  CLI::App* inspect = ckpt->add_subcommand("inspect", "Step, world, mode, tensors and sizes");
+  runs[inspect] = cohort::cli::add_checkpoint_inspect(*inspect);
+  CLI::App* consolidate =
+      ckpt->add_subcommand("consolidate", "The whole model as one safetensors file");
+  runs[consolidate] = cohort::cli::add_checkpoint_consolidate(*consolidate);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

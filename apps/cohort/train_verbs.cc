@@ -86,12 +86,30 @@ Run add_bench_train(CLI::App& app) {
   app.add_option("--bucket-mb", o->ddp.bucket_mb, "DDP bucket size in MiB")->capture_default_str();
   app.add_option("--first-bucket-mb", o->ddp.first_bucket_mb, "DDP first bucket in MiB")
       ->capture_default_str();
-  app.add_option("--grad-compression", o->ddp.compression, "none, bf16 or f16 on the wire")
+  app.add_option("--reduce-dtype", o->ddp.compression, "Gradients reduced in f32, bf16 or f16")
       ->transform(CLI::CheckedTransformer(
-          std::map<std::string, dist::Compression>{{"none", dist::Compression::none},
+          std::map<std::string, dist::Compression>{{"f32", dist::Compression::none},
                                                    {"bf16", dist::Compression::bf16},
                                                    {"f16", dist::Compression::f16}}))
+      ->default_str("f32");
+  app.add_option("--shard", o->ddp.shard, "none (DDP), zero1, zero2, zero3 or hybrid")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, dist::Shard>{{"none", dist::Shard::none},
+                                             {"zero1", dist::Shard::zero1},
+                                             {"zero2", dist::Shard::zero2},
+                                             {"zero3", dist::Shard::zero3},
+                                             {"hybrid", dist::Shard::hybrid}}))
       ->default_str("none");
+  app.add_option("--reshard-after-forward", o->ddp.reshard_after_forward,
+                 "zero3/hybrid: free a unit's parameters after its forward")
+      ->capture_default_str();
+  app.add_option("--max-prefetch", o->ddp.max_prefetch, "zero3/hybrid: unit gathers ahead")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  app.add_option_function<std::string>(
+      "--max-memory",
+      [o](const std::string& v) { o->max_memory = train::parse_byte_size("--max-memory", v); },
+      "Per-rank memory cap (K/M/G suffixes)");
   return [o]() -> int {
     train::bench_train(*o);
     return 0;

@@ -17,5 +17,7 @@ Run add_topo(CLI::App& app);
 Run add_bench_data(CLI::App& bench);
 Run add_train(CLI::App& app);
 Run add_bench_train(CLI::App& bench);
+Run add_checkpoint_inspect(CLI::App& app);
+Run add_checkpoint_consolidate(CLI::App& app);
 
 }  // namespace cohort::cli

@@ -1,17 +1,24 @@
+// Sharded, crash-safe checkpoints (see checkpoint.h): writing the pieces, the index, loading
+// with resharding, inspecting and consolidating.
 #include "cohort/dist/checkpoint.h"
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "cohort/core/clock.h"
 #include "cohort/data/shards.h"
-#include "cohort/dist/ddp.h"
 #include "cohort/nn/safetensors.h"
 
 namespace cohort::dist {
 
+namespace fs = std::filesystem;
+
 namespace {
 
-constexpr const char* kFormat = "cohort-checkpoint-1";
+constexpr const char* kFormat = "cohort-checkpoint-2";
 
 uint32_t crc_of(const nn::NamedTensors& ts) {
   uint32_t crc = 0;
@@ -39,99 +46,310 @@ uint32_t file_data_crc(const std::string& path) {
   return crc;
 }
 
-}  // namespace
-
-std::string checkpoint_path(const std::string& dir) {
-  return dir + "/checkpoint.safetensors";
+std::string piece_name(const std::string& prefix, const std::string& param, size_t lo, size_t hi) {
+  return prefix + param + "[" + std::to_string(lo) + ":" + std::to_string(hi) + "]";
 }
 
-void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& opt,
-                     const RunPosition& pos) {
-  std::filesystem::create_directories(dir);
-  nn::NamedTensors ts;
-  for (nn::Param* p : m.params()) ts.emplace_back("model." + p->name, p->value);
-  for (nn::Buffer* b : m.buffers()) ts.emplace_back("buffer." + b->name, b->value);
-  for (auto& [name, t] : opt.state()) ts.emplace_back("optim." + name, *t);
-  // Tensors go in name order in the file; the CRC follows the same order.
-  std::sort(ts.begin(), ts.end(), [](auto& a, auto& b) { return a.first < b.first; });
-  const uint32_t crc = crc_of(ts);
-  std::map<std::string, std::string> meta{{"format", kFormat},
-                                          {"model", m.name()},
-                                          {"step", std::to_string(pos.step)},
-                                          {"epoch", std::to_string(pos.epoch)},
-                                          {"position", std::to_string(pos.position)},
-                                          {"seed", std::to_string(pos.seed)},
-                                          {"world", std::to_string(pos.world)},
-                                          {"optim_steps", std::to_string(opt.steps())},
-                                          {"crc32c", std::to_string(crc)}};
-  const std::string path = checkpoint_path(dir);
-  nn::save_safetensors(path, ts, meta, [&](const std::string& tmp) {
-    const uint32_t got = file_data_crc(tmp);
-    COHORT_CHECK(got == crc, "checkpoint " << tmp << " reads back with CRC " << got << ", wrote "
-                                           << crc << "; " << path << " is left as it was");
-  });
+// "prefix<param>[lo:hi]" -> param, lo, hi; false when the name is not such a piece.
+bool parse_piece(const std::string& name, const std::string& prefix, std::string* param, size_t* lo,
+                 size_t* hi) {
+  if (name.compare(0, prefix.size(), prefix) != 0 || name.back() != ']') return false;
+  const size_t open = name.rfind('['), colon = name.rfind(':');
+  if (open == std::string::npos || colon == std::string::npos || colon < open) return false;
+  *param = name.substr(prefix.size(), open - prefix.size());
+  *lo = std::stoull(name.substr(open + 1, colon - open - 1));
+  *hi = std::stoull(name.substr(colon + 1, name.size() - colon - 2));
+  return true;
 }
 
-RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt) {
-  const std::string path = checkpoint_path(dir);
+nlohmann::json read_index(const std::string& dir) {
+  const std::string path = checkpoint_index(dir);
+  std::ifstream in(path);
+  COHORT_CHECK(in, "no checkpoint at " << dir << " (cannot read " << path << ")");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    COHORT_THROW(path << " is not JSON: " << e.what());
+  }
+  COHORT_CHECK(j.value("format", "") == kFormat,
+               path << ": format '" << j.value("format", "") << "', this build reads " << kFormat);
+  for (const char* key : {"model", "step", "epoch", "position", "seed", "world", "mode",
+                          "optim_steps", "files", "in_channels", "num_classes", "image_size"}) {
+    COHORT_CHECK(j.contains(key), path << ": no '" << key << "'");
+  }
+  return j;
+}
+
+// Each file of the index, read and checked against its own CRC and the index's.
+nn::SafeTensors read_file(const std::string& dir, const nlohmann::json& f) {
+  const std::string path = dir + "/" + f.at("path").get<std::string>();
   nn::SafeTensors st = nn::load_safetensors(path);
-  auto meta = [&](const char* key) -> const std::string& {
-    auto it = st.metadata.find(key);
-    COHORT_CHECK(it != st.metadata.end(), path << ": not a Cohort checkpoint (no " << key << ")");
-    return it->second;
-  };
-  COHORT_CHECK(meta("format") == kFormat, path << ": format " << meta("format"));
-  COHORT_CHECK(meta("model") == m.name(),
-               path << " holds a " << meta("model") << ", this run trains a " << m.name());
   nn::NamedTensors ordered;
   for (auto& [name, t] : st.tensors) ordered.emplace_back(name, t);  // std::map: name order
   const uint32_t crc = crc_of(ordered);
-  COHORT_CHECK(std::to_string(crc) == meta("crc32c"), path << ": CRC-32C " << crc
-                                                           << " does not match the recorded "
-                                                           << meta("crc32c") << " (damaged file)");
-  auto take = [&](const std::string& name, nn::Tensor& dst) {
-    auto it = st.tensors.find(name);
-    COHORT_CHECK(it != st.tensors.end(), path << ": missing " << name);
-    COHORT_CHECK(it->second.shape() == dst.shape(),
-                 path << ": " << name << " has shape " << tensor::shape_string(it->second.shape())
-                      << ", the run wants " << tensor::shape_string(dst.shape()));
-    dst.copy_(it->second);
+  const uint32_t want = f.at("crc32c").get<uint32_t>();
+  COHORT_CHECK(crc == want, path << ": CRC-32C " << crc << " does not match the index's " << want
+                                 << " (damaged file)");
+  return st;
+}
+
+}  // namespace
+
+std::string checkpoint_index(const std::string& dir) {
+  return dir + "/checkpoint.json";
+}
+
+void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& opt,
+                     const nn::OptimTarget& t, const RunPosition& pos, comm::Communicator* world,
+                     bool replicated) {
+  const int rank = world ? world->rank() : 0;
+  const int size = world ? world->size() : 1;
+  // A directory of its own for this checkpoint's files, named by rank 0.
+  int64_t id = now_us() % 1000000000;
+  if (world) world->broadcast(&id, &id, 1, comm::DataType::i64, 0).wait();
+  const std::string sub = "step-" + std::to_string(pos.step) + "-" + std::to_string(id);
+  const bool writes = !replicated || rank == 0;
+  const std::string file = sub + "/rank-" + std::to_string(rank) + ".safetensors";
+
+  // [written, crc]; a failed write is reported to every rank instead of leaving them waiting.
+  int64_t mine[2] = {0, 0};
+  std::string error;
+  if (writes) {
+    try {
+      fs::create_directories(dir + "/" + sub);
+      nn::NamedTensors ts;
+      auto state = opt.state();
+      for (const nn::ParamPiece& p : t.pieces) {
+        const nn::Param* param = m.params()[static_cast<size_t>(p.param)];
+        const nn::FlatRange& r = t.ranges[p.range];
+        const int64_t n = static_cast<int64_t>(p.hi - p.lo);
+        ts.emplace_back(piece_name("model.", param->name, p.lo, p.hi),
+                        nn::Tensor::wrap(r.w + p.at, {n}, tensor::DType::f32));
+        for (auto& [sname, st] : state) {
+          float* base = st->data<float>() + t.state_at(p.range) + p.at;
+          ts.emplace_back(piece_name("optim." + sname + ".", param->name, p.lo, p.hi),
+                          nn::Tensor::wrap(base, {n}, tensor::DType::f32));
+        }
+      }
+      if (rank == 0)
+        for (nn::Buffer* b : m.buffers()) ts.emplace_back("buffer." + b->name, b->value);
+      std::sort(ts.begin(), ts.end(), [](auto& a, auto& b) { return a.first < b.first; });
+      const uint32_t crc = crc_of(ts);
+      const std::string path = dir + "/" + file;
+      nn::save_safetensors(
+          path, ts, {{"format", kFormat}, {"crc32c", std::to_string(crc)}},
+          [&](const std::string& tmp) {
+            const uint32_t got = file_data_crc(tmp);
+            COHORT_CHECK(got == crc, tmp << " reads back with CRC " << got << ", wrote " << crc);
+          });
+      mine[0] = 1;
+      mine[1] = crc;
+    } catch (const std::exception& e) {
+      error = e.what();
+      mine[0] = -1;
+    }
+  }
+  std::vector<int64_t> all(2 * static_cast<size_t>(size));
+  if (world) {
+    world->allgather(mine, all.data(), 2, comm::DataType::i64).wait();
+  } else {
+    all.assign(mine, mine + 2);
+  }
+  for (int r = 0; r < size; ++r) {
+    COHORT_CHECK(all[2 * static_cast<size_t>(r)] >= 0,
+                 "checkpoint at step " << pos.step << ": rank " << r << " could not write its shard"
+                                       << (r == rank ? ": " + error : std::string()) << "; " << dir
+                                       << " keeps the previous checkpoint");
+  }
+
+  if (rank == 0) {
+    nlohmann::json files = nlohmann::json::array();
+    for (int r = 0; r < size; ++r) {
+      if (all[2 * static_cast<size_t>(r)] != 1) continue;
+      files.push_back({{"path", sub + "/rank-" + std::to_string(r) + ".safetensors"},
+                       {"rank", r},
+                       {"crc32c", static_cast<uint32_t>(all[2 * static_cast<size_t>(r) + 1])}});
+    }
+    std::vector<std::string> states;
+    for (auto& [sname, st] : opt.state()) states.push_back(sname);
+    nlohmann::json index = {{"format", kFormat},
+                            {"model", m.name()},
+                            {"in_channels", m.options().in_channels},
+                            {"num_classes", m.options().num_classes},
+                            {"image_size", m.options().image_size},
+                            {"step", pos.step},
+                            {"epoch", pos.epoch},
+                            {"position", pos.position},
+                            {"seed", pos.seed},
+                            {"world", pos.world},
+                            {"mode", pos.mode},
+                            {"optim_steps", opt.steps()},
+                            {"optim_state", states},
+                            {"files", files}};
+    const std::string text = index.dump(1) + "\n";
+    nn::write_file_atomically(checkpoint_index(dir), {{text.data(), text.size()}});
+    // The index names the new files: the older ones (and any a crash left half-written) go.
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_directory() && name.rfind("step-", 0) == 0 && name != sub) {
+        std::error_code ec;
+        fs::remove_all(e.path(), ec);
+      }
+    }
+  }
+  if (world) world->barrier().wait();
+}
+
+RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer* opt,
+                            const nn::OptimTarget& t) {
+  const nlohmann::json index = read_index(dir);
+  const std::string path = checkpoint_index(dir);
+  COHORT_CHECK(index["model"] == m.name(), path << " holds a " << index["model"].get<std::string>()
+                                                << ", this run trains a " << m.name());
+  // What this rank needs, by parameter name: its pieces, and how much of each was found.
+  std::map<std::string, std::vector<size_t>> wanted;  // name -> indices into t.pieces
+  for (size_t i = 0; i < t.pieces.size(); ++i) {
+    wanted[m.params()[static_cast<size_t>(t.pieces[i].param)]->name].push_back(i);
+  }
+  std::vector<std::pair<std::string, nn::Tensor*>> state;
+  if (opt) state = opt->state();
+  std::vector<std::vector<size_t>> found(1 + state.size(), std::vector<size_t>(t.pieces.size(), 0));
+  size_t buffers_found = 0;
+
+  // Copies the overlap of a saved piece [lo, hi) of `param` into every piece this rank needs.
+  auto place = [&](const std::string& file, const std::string& param, size_t lo, size_t hi,
+                   const nn::Tensor& src, int which) {
+    auto it = wanted.find(param);
+    if (it == wanted.end()) {
+      COHORT_CHECK(m.find_param(param) != nullptr,
+                   file << ": parameter " << param << " is not in " << m.name());
+      return;
+    }
+    COHORT_CHECK(src.numel() == static_cast<int64_t>(hi - lo), file << ": piece " << param << "["
+                                                                    << lo << ":" << hi << "] holds "
+                                                                    << src.numel() << " elements");
+    for (size_t i : it->second) {
+      const nn::ParamPiece& p = t.pieces[i];
+      const size_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
+      if (a >= b) continue;
+      float* dst = which == 0 ? t.ranges[p.range].w + p.at
+                              : state[static_cast<size_t>(which - 1)].second->data<float>() +
+                                    t.state_at(p.range) + p.at;
+      std::memcpy(dst + (a - p.lo), src.data<float>() + (a - lo), (b - a) * sizeof(float));
+      found[static_cast<size_t>(which)][i] += b - a;
+    }
   };
-  for (nn::Param* p : m.params()) take("model." + p->name, p->value);
-  for (nn::Buffer* b : m.buffers()) take("buffer." + b->name, b->value);
-  for (auto& [name, t] : opt.state()) take("optim." + name, *t);
-  opt.set_steps(std::stoll(meta("optim_steps")));
+
+  for (const nlohmann::json& f : index["files"]) {
+    const std::string file = dir + "/" + f.at("path").get<std::string>();
+    const nn::SafeTensors st = read_file(dir, f);
+    for (const auto& [name, tensor] : st.tensors) {
+      std::string param;
+      size_t lo = 0, hi = 0;
+      if (parse_piece(name, "model.", &param, &lo, &hi)) {
+        place(file, param, lo, hi, tensor, 0);
+        continue;
+      }
+      bool placed = false;
+      for (size_t s = 0; s < state.size() && !placed; ++s) {
+        if (parse_piece(name, "optim." + state[s].first + ".", &param, &lo, &hi)) {
+          place(file, param, lo, hi, tensor, static_cast<int>(s + 1));
+          placed = true;
+        }
+      }
+      if (placed || name.rfind("optim.", 0) == 0) continue;  // another optimiser's state: below
+      if (name.rfind("buffer.", 0) == 0) {
+        nn::Buffer* b = m.find_buffer(name.substr(7));
+        COHORT_CHECK(b, file << ": buffer " << name.substr(7) << " is not in " << m.name());
+        COHORT_CHECK(b->value.shape() == tensor.shape(),
+                     file << ": " << name << " has shape " << tensor::shape_string(tensor.shape())
+                          << ", the run wants " << tensor::shape_string(b->value.shape()));
+        b->value.copy_(tensor);
+        ++buffers_found;
+        continue;
+      }
+      COHORT_THROW(file << ": unexpected tensor " << name);
+    }
+  }
+  // Every element this rank needs must have been in some file.
+  for (size_t w = 0; w < found.size(); ++w) {
+    for (size_t i = 0; i < t.pieces.size(); ++i) {
+      const nn::ParamPiece& p = t.pieces[i];
+      const std::string what = w == 0 ? "values" : "optimizer state '" + state[w - 1].first + "'";
+      COHORT_CHECK(found[w][i] == p.hi - p.lo,
+                   path << ": " << what << " of " << m.params()[static_cast<size_t>(p.param)]->name
+                        << "[" << p.lo << ":" << p.hi << "] missing (" << found[w][i] << " of "
+                        << p.hi - p.lo << " elements found; was it written by another optimizer?)");
+    }
+  }
+  COHORT_CHECK(buffers_found == m.buffers().size(),
+               path << ": " << buffers_found << " of " << m.buffers().size() << " buffers found");
+  if (opt) opt->set_steps(index["optim_steps"].get<int64_t>());
   RunPosition pos;
-  pos.step = std::stoll(meta("step"));
-  pos.epoch = std::stoll(meta("epoch"));
-  pos.position = std::stoull(meta("position"));
-  pos.seed = std::stoull(meta("seed"));
-  pos.world = std::stoi(meta("world"));
+  pos.step = index["step"].get<int64_t>();
+  pos.epoch = index["epoch"].get<int64_t>();
+  pos.position = index["position"].get<uint64_t>();
+  pos.seed = index["seed"].get<uint64_t>();
+  pos.world = index["world"].get<int>();
+  pos.mode = index["mode"].get<std::string>();
   return pos;
 }
 
-RunPosition resume_from_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt,
-                                   comm::Communicator* world) {
-  RunPosition pos;
-  if (!world || world->rank() == 0) pos = load_checkpoint(dir, m, opt);
-  if (!world || world->size() == 1) return pos;
-  int64_t f[6] = {
-      pos.step,  pos.epoch,  static_cast<int64_t>(pos.position), static_cast<int64_t>(pos.seed),
-      pos.world, opt.steps()};
-  world->broadcast(f, f, 6, comm::DataType::i64, 0).wait();
-  pos.step = f[0];
-  pos.epoch = f[1];
-  pos.position = static_cast<uint64_t>(f[2]);
-  pos.seed = static_cast<uint64_t>(f[3]);
-  pos.world = static_cast<int>(f[4]);
-  opt.set_steps(f[5]);
-  broadcast_parameters(m, *world);
-  broadcast_buffers(m, *world);
-  for (auto& [name, t] : opt.state()) {
-    world->broadcast(t->raw(), t->raw(), static_cast<size_t>(t->numel()), comm::DataType::f32, 0)
-        .wait();
+void save_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt,
+                     const RunPosition& pos) {
+  save_checkpoint(dir, m, opt, nn::whole_model(m), pos, nullptr, true);
+}
+
+RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt) {
+  return load_checkpoint(dir, m, &opt, nn::whole_model(m));
+}
+
+std::string describe_checkpoint(const std::string& dir) {
+  const nlohmann::json index = read_index(dir);
+  std::ostringstream os;
+  os << dir << ": " << index["model"].get<std::string>() << " (" << index["in_channels"]
+     << " input channels, " << index["num_classes"] << " classes), step " << index["step"]
+     << " (epoch " << index["epoch"] << ", sample " << index["position"] << "), written by "
+     << index["world"] << " rank(s) under --shard " << index["mode"].get<std::string>()
+     << ", optimizer state:";
+  for (const auto& s : index["optim_state"]) os << " " << s.get<std::string>();
+  os << "\n";
+  // name -> elements, pieces, and the bytes per file
+  std::map<std::string, std::pair<size_t, size_t>> tensors;
+  for (const nlohmann::json& f : index["files"]) {
+    const std::string file = f.at("path").get<std::string>();
+    const nn::SafeTensors st = read_file(dir, f);
+    size_t bytes = 0;
+    for (const auto& [name, t] : st.tensors) {
+      bytes += t.bytes();
+      const size_t open = name.rfind('[');
+      const std::string base = open == std::string::npos ? name : name.substr(0, open);
+      auto& e = tensors[base];
+      e.first += static_cast<size_t>(t.numel());
+      e.second += 1;
+    }
+    os << "  " << file << ": " << st.tensors.size() << " tensors, " << bytes << " bytes, CRC-32C "
+       << f.at("crc32c") << "\n";
   }
-  return pos;
+  for (const auto& [name, e] : tensors) {
+    os << "  " << name << ": " << e.first << " elements in " << e.second << " piece(s)\n";
+  }
+  return os.str();
+}
+
+void consolidate_checkpoint(const std::string& dir, const std::string& out) {
+  const nlohmann::json index = read_index(dir);
+  nn::ModelOptions o;
+  o.in_channels = index["in_channels"].get<int>();
+  o.num_classes = index["num_classes"].get<int>();
+  o.image_size = index["image_size"].get<int>();
+  auto m = nn::make_model(index["model"].get<std::string>(), o);
+  const RunPosition pos = load_checkpoint(dir, *m, nullptr, nn::whole_model(*m));
+  nn::save_weights(*m, out,
+                   {{"classes", std::to_string(o.num_classes)},
+                    {"in_channels", std::to_string(o.in_channels)},
+                    {"steps", std::to_string(pos.step)}});
 }
 
 }  // namespace cohort::dist

@@ -1,5 +1,7 @@
 #include "cohort/dist/ddp.h"
 
+#include <sstream>
+
 #include "cohort/comm/types.h"
 #include "cohort/core/clock.h"
 #include "cohort/nn/layers.h"
@@ -8,7 +10,7 @@
 namespace cohort::dist {
 
 Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
-    : m_(m), comm_(std::move(c)), o_(std::move(o)) {
+    : m_(m), comm_(std::move(c)), o_(std::move(o)), target_(nn::whole_model(m)) {
   COHORT_CHECK(o_.first_bucket_mb > 0 && o_.bucket_mb > 0,
                "bucket sizes " << o_.first_bucket_mb << " and " << o_.bucket_mb << " MB");
   const auto& params = m_.params();
@@ -55,25 +57,6 @@ Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
   }
 }
 
-const char* compression_name(Compression c) {
-  switch (c) {
-    case Compression::none:
-      return "none";
-    case Compression::bf16:
-      return "bf16";
-    case Compression::f16:
-      return "f16";
-  }
-  return "invalid";
-}
-
-Compression parse_compression(const std::string& s) {
-  for (Compression c : {Compression::none, Compression::bf16, Compression::f16}) {
-    if (s == compression_name(c)) return c;
-  }
-  COHORT_THROW("grad compression '" << s << "' (known: none, bf16, f16)");
-}
-
 void broadcast_parameters(nn::Model& m, comm::Communicator& c, int root) {
   nn::Tensor& v = m.flat_values();
   c.broadcast(v.raw(), v.raw(), static_cast<size_t>(v.numel()), comm::DataType::f32, root).wait();
@@ -86,6 +69,51 @@ void broadcast_buffers(nn::Model& m, comm::Communicator& c, int root) {
     c.broadcast(b->value.raw(), b->value.raw(), static_cast<size_t>(b->value.numel()), t, root)
         .wait();
   }
+}
+
+std::string Ddp::describe() const {
+  std::ostringstream os;
+  os << "DDP over " << comm_->describe() << "; " << buckets_.size() << " buckets (first "
+     << o_.first_bucket_mb << " MiB, then " << o_.bucket_mb << " MiB), reduced in "
+     << compression_name(o_.compression);
+  return os.str();
+}
+
+void Ddp::zero_grad() {
+  step_memory_.begin();
+  m_.zero_grad();
+}
+
+MemoryReport Ddp::memory(const nn::Optimizer& opt) const {
+  MemoryReport r;
+  r.mode = "none";
+  r.ranks = comm_->size();
+  r.psi = m_.num_parameters();
+  const size_t flat = static_cast<size_t>(m_.flat_values().numel()) * sizeof(float);
+  r.parameters = flat;
+  r.gradients = flat;
+  for (auto& [name, t] : const_cast<nn::Optimizer&>(opt).state()) r.optimizer += t->bytes();
+  r.state_bytes = static_cast<int>(opt.state_bytes_per_element());
+  size_t wire = 0, largest = 0;
+  for (const Bucket& b : buckets_) {
+    if (b.wire.defined()) wire += b.wire.bytes();
+    largest = std::max(largest, (b.end - b.begin) * sizeof(float));
+  }
+  r.comm_buffers = wire + largest;  // the ring's scratch holds one bucket
+  r.activations = step_memory_.peak();
+  r.allocator_cache = step_memory_.cache();
+  return r;
+}
+
+Traffic Ddp::traffic() const {
+  Traffic t;
+  if (!synced_) return t;
+  const double n = comm_->size();
+  const double esize = o_.compression == Compression::none ? 4 : 2;
+  for (const Bucket& b : buckets_) {
+    t.allreduce += 2 * (n - 1) / n * static_cast<double>(b.end - b.begin) * esize;
+  }
+  return t;
 }
 
 void Ddp::broadcast_from_rank0() {
@@ -145,7 +173,11 @@ void Ddp::launch(Bucket& b) {
 
 double Ddp::finish() {
   backward_end_s_ = since_prepare();
-  if (!sync_) return 0;
+  synced_ = sync_;
+  if (!sync_) {
+    step_memory_.end();
+    return 0;
+  }
   auto t0 = Clock::now();
   while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
   for (Bucket& b : buckets_) {
@@ -157,6 +189,7 @@ double Ddp::finish() {
       tensor::onednn::reorder(tensor::onednn::mem(b.wire), tensor::onednn::mem(flat));
     }
   }
+  step_memory_.end();
   return seconds_since(t0);
 }
 

@@ -28,12 +28,16 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
       nn::make_model(o.model, nn::ModelOptions{o.in_channels, o.num_classes, o.image_size, 0});
   nn::OptimOptions oo;
   oo.kind = o.optimizer;
-  auto opt = nn::make_optimizer(*model, oo);
-  std::unique_ptr<dist::Ddp> ddp;
-  if (world) {
-    ddp = std::make_unique<dist::Ddp>(*model, world, o.ddp);
-    ddp->broadcast_from_rank0();
-  }
+  COHORT_CHECK(world || o.ddp.shard == dist::Shard::none,
+               "--shard " << dist::shard_name(o.ddp.shard) << " needs several ranks");
+  dist::check_fits(*model, job.world, job.local_world, o.ddp.shard,
+                   state_bytes(o.optimizer, oo.momentum), o.ddp, o.max_memory);
+  std::unique_ptr<dist::DataParallel> dp;
+  dist::DdpOptions dpo = o.ddp;
+  // --no-sync: the sharded modes keep their gradients local too (nothing is reduced).
+  if (o.no_sync) dpo.accumulate_locally = true;
+  if (world) dp = dist::make_data_parallel(*model, world, dpo);
+  auto opt = nn::make_optimizer(dp ? dp->optim_target() : nn::whole_model(*model), oo);
   Tensor x = Tensor::empty({o.batch, o.in_channels, o.image_size, o.image_size});
   nn::init::normal(x, 0.0, 1.0, 17 + static_cast<uint64_t>(job.rank));
   x = x.channels_last();
@@ -47,15 +51,13 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
         o.model.c_str(), o.batch, o.in_channels, o.image_size, o.image_size, job.world,
         tensor::threads(), o.optimizer.c_str(), o.steps, o.warmup);
     std::printf("# precision %s\n", precision_note.c_str());
-    if (ddp) {
-      std::printf("# DDP: %zu buckets (first %.2g MiB, then %.3g MiB), wire %s, %s%s\n",
-                  ddp->buckets().size(), o.ddp.first_bucket_mb, o.ddp.bucket_mb,
-                  dist::compression_name(o.ddp.compression), world->describe().c_str(),
-                  o.no_sync ? "; --no-sync: nothing is communicated" : "");
+    if (dp) {
+      std::printf("# %s%s\n", dp->describe().c_str(),
+                  o.no_sync ? "; --no-sync: no gradient is reduced" : "");
     }
   }
   for (int i = 0; i < o.warmup; ++i)
-    train_step(*model, *opt, x, t, 0.01f, 0.0f, nullptr, ddp.get(), !o.no_sync);
+    train_step(*model, *opt, x, t, 0.01f, 0.0f, nullptr, dp.get(), !o.no_sync);
   if (world) world->barrier().wait();
   nn::profile::reset();
   nn::profile::enable(o.profile);
@@ -63,8 +65,10 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   std::vector<double> ms;
   for (int i = 0; i < o.steps; ++i) {
     auto t0 = Clock::now();
-    const float loss = train_step(*model, *opt, x, t, 0.01f, 0.0f, &times, ddp.get(), !o.no_sync);
+    const float loss = train_step(*model, *opt, x, t, 0.01f, 0.0f, &times, dp.get(), !o.no_sync);
     ms.push_back(1e3 * seconds_since(t0));
+    if (o.max_memory > 0)
+      check_memory_cap(gather_memory(dp.get(), *opt, world.get()), o.max_memory, i);
     COHORT_CHECK(std::isfinite(loss), "bench train: loss " << loss << " at step " << i);
   }
   nn::profile::enable(false);
@@ -86,6 +90,10 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.ms_comm_wait = 1e3 * times.comm_wait / o.steps;
   r.peak_rss = peak_rss_bytes();
   r.threads = tensor::threads();
+  const std::vector<dist::MemoryReport> memory = gather_memory(dp.get(), *opt, world.get());
+  const dist::Traffic sent = dp ? dp->traffic() : dist::Traffic();
+  r.memory = memory.front();
+  r.sent = sent;
   if (!lead) return r;
   const tensor::AllocatorStats mem = tensor::Allocator::cpu().stats();
   std::printf(
@@ -97,6 +105,13 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
     std::printf("ms/step per rank:");
     for (double v : per_rank) std::printf(" %.1f", v);
     std::printf("\n");
+    std::printf(
+        "sent per step by rank 0: allreduce %.1f MB, reduce-scatter %.1f MB, allgather %.1f MB "
+        "(between hosts %.1f MB); %lld parameters = %.1f MB in f32\n",
+        sent.allreduce / 1e6, sent.reduce_scatter / 1e6, sent.allgather / 1e6,
+        sent.across_hosts / 1e6, static_cast<long long>(model->num_parameters()),
+        4e-6 * static_cast<double>(model->num_parameters()));
+    std::printf("%s", dist::memory_table(memory).c_str());
   }
   nlohmann::json split = nlohmann::json::array();
   if (o.profile) {
@@ -130,6 +145,14 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
                         {"ms_optimizer", r.ms_optimizer},
                         {"peak_rss_bytes", r.peak_rss},
                         {"peak_tensor_bytes", mem.peak_in_use},
+                        {"shard", dist::shard_name(o.ddp.shard)},
+                        {"parameters", model->num_parameters()},
+                        {"memory", memory_json(memory)},
+                        {"sent_bytes",
+                         {{"allreduce", sent.allreduce},
+                          {"reduce_scatter", sent.reduce_scatter},
+                          {"allgather", sent.allgather},
+                          {"across_hosts", sent.across_hosts}}},
                         {"split", split}};
     std::ofstream f(o.json);
     if (!f) COHORT_THROW("cannot write --json file '" << o.json << "'");

@@ -1,5 +1,5 @@
 // Checkpointing from the training loop: where the run stands after a step, and writing it
-// (rank 0; dist's checkpoint code makes the write crash-safe and the resume collective).
+// (every rank its shard; dist's checkpoint code makes the write crash-safe).
 #include "cohort/core/clock.h"
 #include "run.h"
 
@@ -15,11 +15,12 @@ dist::RunPosition position_after(const Run& r, int64_t step, int64_t epoch, int6
 }
 
 void write_checkpoint(const Run& r, const dist::RunPosition& at) {
-  if (!r.lead || r.c.checkpoint_dir.empty()) return;
+  if (r.c.checkpoint_dir.empty()) return;
   auto t0 = Clock::now();
-  dist::save_checkpoint(r.c.checkpoint_dir, *r.model, *r.opt, at);
+  dist::save_checkpoint(r.c.checkpoint_dir, *r.model, *r.opt, r.target, at, r.world.get(),
+                        !r.dp || r.dp->replicated());
   r.say("train: checkpoint at step %lld written to %s (%.2f s)\n", static_cast<long long>(at.step),
-        dist::checkpoint_path(r.c.checkpoint_dir).c_str(), seconds_since(t0));
+        dist::checkpoint_index(r.c.checkpoint_dir).c_str(), seconds_since(t0));
 }
 
 }  // namespace cohort::train

@@ -20,6 +20,35 @@ T parse_number(const std::string& key, const std::string& text) {
   return v;
 }
 
+}  // namespace
+
+uint64_t parse_byte_size(const std::string& key, const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    COHORT_THROW("'" << key << "' wants a size in bytes (e.g. 8G), got '" << text << "'");
+  }
+  const std::string unit = text.substr(used);
+  double k = 1;
+  if (unit == "K" || unit == "KiB")
+    k = 1024.0;
+  else if (unit == "M" || unit == "MiB")
+    k = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    k = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TiB")
+    k = 1024.0 * 1024 * 1024 * 1024;
+  else
+    COHORT_CHECK(unit.empty(), "'" << key << "': unknown unit '" << unit << "' in '" << text
+                                   << "' (K, M, G or T)");
+  COHORT_CHECK(v >= 0, "'" << key << "' must not be negative, got '" << text << "'");
+  return static_cast<uint64_t>(v * k);
+}
+
+namespace {
+
 bool parse_bool(const std::string& key, const std::string& text) {
   if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
   if (text == "false" || text == "0" || text == "no" || text == "off") return false;
@@ -85,6 +114,26 @@ ConfigKey choice(const char* name, const char* help, E TrainConfig::*field, std:
     COHORT_THROW("'" << name << "' must be one of " << list << ", got '" << v << "'");
   };
   k.get = [=](const TrainConfig& c) { return std::string(name_of(c.*field)); };
+  return k;
+}
+
+// A boolean that takes its value: --key true|false.
+ConfigKey boolean(const char* name, const char* help, bool TrainConfig::*field) {
+  ConfigKey k;
+  k.name = name;
+  k.help = help;
+  k.set = [=](TrainConfig& c, const std::string& v) { c.*field = parse_bool(name, v); };
+  k.get = [=](const TrainConfig& c) { return std::string(c.*field ? "true" : "false"); };
+  return k;
+}
+
+// A size in bytes: a number with an optional K, M, G or T (powers of 1024).
+ConfigKey byte_size(const char* name, const char* help, uint64_t TrainConfig::*field) {
+  ConfigKey k;
+  k.name = name;
+  k.help = help;
+  k.set = [=](TrainConfig& c, const std::string& v) { c.*field = parse_byte_size(name, v); };
+  k.get = [=](const TrainConfig& c) { return std::to_string(c.*field); };
   return k;
 }
 
@@ -164,10 +213,26 @@ const std::vector<ConfigKey>& train_config_keys() {
       num("bucket-mb", "DDP bucket size in MiB", &C::bucket_mb, 0.01f, 1e5f),
       num("first-bucket-mb", "DDP first bucket size in MiB (starts communication early)",
           &C::first_bucket_mb, 0.01f, 1e5f),
-      choice("grad-compression", "Gradient buckets on the wire: none, bf16 or f16",
-             &C::grad_compression,
+      choice("reduce-dtype", "Gradients reduced in f32, bf16 or f16 (DDP buckets, ZeRO units)",
+             &C::reduce_dtype,
              {dist::Compression::none, dist::Compression::bf16, dist::Compression::f16},
              dist::compression_name),
+      choice("shard", "none (DDP), zero1, zero2, zero3 (FSDP full sharding) or hybrid", &C::shard,
+             {dist::Shard::none, dist::Shard::zero1, dist::Shard::zero2, dist::Shard::zero3,
+              dist::Shard::hybrid},
+             dist::shard_name),
+      boolean("reshard-after-forward",
+              "zero3/hybrid: free a unit's parameters after its forward (false: keep them for "
+              "backward)",
+              &C::reshard_after_forward),
+      num("max-prefetch", "zero3/hybrid: unit gathers in flight ahead of use", &C::max_prefetch, 0,
+          64),
+      flag("accum-local-grads",
+           "zero2/3: keep full local gradients over --accum-steps and reduce once (more memory, "
+           "less traffic)",
+           &C::accum_local_grads),
+      byte_size("max-memory", "Per-rank memory cap in bytes (K/M/G suffixes; 0: none)",
+                &C::max_memory),
       flag("sync-bn", "SyncBatchNorm: batch statistics over all ranks", &C::sync_bn),
       num("clip-grad-norm", "Clip gradients to this global norm (0: off)", &C::clip_grad_norm, 0.0f,
           1e9f),

@@ -30,6 +30,7 @@ void ProgressMeter::record(const StepRecord& s) {
   w_.comm += s.comm_s;
   w_.images += s.images;
   ++w_.n;
+  last_sent_ = s.sent;
   const double step_s = s.compute_s + s.comm_s + s.data_s;
   steps_.push_back({{"step", s.step},
                     {"epoch", s.epoch},
@@ -38,7 +39,12 @@ void ProgressMeter::record(const StepRecord& s) {
                     {"compute_s", s.compute_s},
                     {"comm_wait_s", s.comm_s},
                     {"data_wait_s", s.data_s},
-                    {"images_per_s", static_cast<double>(s.images) / step_s}});
+                    {"images_per_s", static_cast<double>(s.images) / step_s},
+                    {"sent_bytes",
+                     {{"allreduce", s.sent.allreduce},
+                      {"reduce_scatter", s.sent.reduce_scatter},
+                      {"allgather", s.sent.allgather},
+                      {"across_hosts", s.sent.across_hosts}}}});
   if (s.step % r_.c.log_every == 0 || s.step == r_.total) print_window(s);
 }
 

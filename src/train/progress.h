@@ -17,6 +17,7 @@ struct StepRecord {
   float loss = 0, lr = 0;
   double compute_s = 0, comm_s = 0, data_s = 0;
   uint64_t images = 0;  // all ranks
+  dist::Traffic sent;   // bytes this rank sent, by collective
 };
 
 class ProgressMeter {
@@ -31,6 +32,7 @@ class ProgressMeter {
   double compute_ms() const { return mean(sum_compute_); }
   double comm_ms() const { return mean(sum_comm_); }
   double data_ms() const { return mean(sum_data_); }
+  const dist::Traffic& traffic() const { return last_sent_; }  // the last step's
 
  private:
   double mean(double sum) const { return n_ ? 1e3 * sum / static_cast<double>(n_) : 0.0; }
@@ -42,6 +44,7 @@ class ProgressMeter {
   int64_t n_ = 0;
   uint64_t images_ = 0;
   double sum_compute_ = 0, sum_comm_ = 0, sum_data_ = 0;
+  dist::Traffic last_sent_;
   struct Window {
     double loss = 0, data = 0, compute = 0, comm = 0;
     int n = 0;

@@ -6,13 +6,15 @@
 
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cohort/comm/communicator.h"
 #include "cohort/data/pipeline.h"
 #include "cohort/data/source.h"
 #include "cohort/dist/checkpoint.h"
-#include "cohort/dist/ddp.h"
+#include "cohort/dist/data_parallel.h"
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
 #include "cohort/train/config.h"
@@ -30,11 +32,12 @@ struct Run {
   std::unique_ptr<data::Pipeline> train, val;
   std::unique_ptr<nn::Model> model;
   std::unique_ptr<nn::Optimizer> opt;
-  std::unique_ptr<dist::Ddp> ddp;  // with several ranks
-  int64_t per_epoch = 0;           // optimiser steps per epoch
-  int64_t total = 0;               // steps of the whole run
-  int64_t global_batch = 0;        // samples per optimiser step, all ranks
-  float lr = 0;                    // after the scaling rule
+  std::unique_ptr<dist::DataParallel> dp;  // with several ranks: DDP or a sharded mode
+  nn::OptimTarget target;                  // what this rank's optimiser updates
+  int64_t per_epoch = 0;                   // optimiser steps per epoch
+  int64_t total = 0;                       // steps of the whole run
+  int64_t global_batch = 0;                // samples per optimiser step, all ranks
+  float lr = 0;                            // after the scaling rule
   nn::LrSchedule sched;
   dist::RunPosition pos;  // where the run starts (after a resume: the checkpoint's)
   std::string precision_note;
@@ -60,9 +63,18 @@ std::string apply_precision(Precision p);  // sets the compute type; says what r
 Tensor batch_tensor(const data::Batch& b);
 Targets batch_targets(const data::Batch& b, bool multilabel, int classes);
 
-// Writes a checkpoint at `at` (rank 0, when --checkpoint-dir is set) and says so.
+// Writes a checkpoint at `at` (every rank its shard, when --checkpoint-dir is set) and says so.
 void write_checkpoint(const Run& r, const dist::RunPosition& at);
 // Where the run stands after `step` steps, `in_epoch` of them in `epoch`.
 dist::RunPosition position_after(const Run& r, int64_t step, int64_t epoch, int64_t in_epoch);
+
+// The memory report of every rank (collective), as the table printed and as JSON.
+std::vector<dist::MemoryReport> gather_memory(dist::DataParallel* dp, const nn::Optimizer& opt,
+                                              comm::Communicator* world);
+nlohmann::json memory_json(const std::vector<dist::MemoryReport>& ranks);
+// Stops the run with the report when a rank's accounted memory passed --max-memory.
+void check_memory_cap(const std::vector<dist::MemoryReport>& ranks, uint64_t cap, int64_t step);
+// Optimiser state bytes per parameter element for an optimiser kind (K of the ZeRO paper).
+int state_bytes(const std::string& optimizer, float momentum);
 
 }  // namespace cohort::train

@@ -43,13 +43,16 @@ void announce(const Run& r) {
       c.multilabel ? "findings" : "classes", c.data.c_str(), r.source->size(), r.job.world,
       static_cast<long long>(r.per_epoch), c.batch, r.job.world, c.accum_steps,
       static_cast<long long>(r.global_batch), tensor::threads(), c.workers);
-  if (r.ddp) {
-    r.say("train: DDP over %s; %zu buckets (first %.2g MiB, then %.3g MiB), wire %s%s\n",
-          r.world->describe().c_str(), r.ddp->buckets().size(), c.first_bucket_mb, c.bucket_mb,
-          c.grad_compression == dist::Compression::none
-              ? "f32"
-              : dist::compression_name(c.grad_compression),
-          c.sync_bn ? ", SyncBatchNorm" : "");
+  if (r.dp) {
+    r.say("train: %s%s\n", r.dp->describe().c_str(), c.sync_bn ? "; SyncBatchNorm" : "");
+    if (c.accum_steps > 1) {
+      const bool once =
+          c.shard == dist::Shard::none || c.shard == dist::Shard::zero1 || c.accum_local_grads;
+      r.say("train: accumulation over %d micro-batches: %s\n", c.accum_steps,
+            once ? "full local gradients, reduced once per step"
+                 : "each micro-batch reduce-scattered into the shard (no full-size gradients "
+                   "kept)");
+    }
   }
   r.say("train: precision %s\n", r.precision_note.c_str());
   if (c.lr_scaling == LrScaling::linear) {
@@ -135,12 +138,20 @@ Run set_up(const TrainConfig& c) {
 
   r.model =
       nn::make_model(c.model, nn::ModelOptions{r.in_channels, r.classes, c.image_size, c.seed});
-  nn::OptimOptions oo;
-  oo.kind = c.optimizer;
-  oo.momentum = c.momentum;
-  oo.nesterov = c.nesterov;
-  oo.weight_decay = c.weight_decay;
-  r.opt = nn::make_optimizer(*r.model, oo);
+  COHORT_CHECK(
+      r.job.world > 1 || c.shard == dist::Shard::none,
+      "--shard " << dist::shard_name(c.shard) << " needs several ranks (this run has one)");
+  // A configuration that cannot fit stops here, with the estimate and the modes that would.
+  dist::DdpOptions d;
+  d.shard = c.shard;
+  d.bucket_mb = c.bucket_mb;
+  d.first_bucket_mb = c.first_bucket_mb;
+  d.compression = c.reduce_dtype;
+  d.reshard_after_forward = c.reshard_after_forward;
+  d.max_prefetch = c.max_prefetch;
+  d.accumulate_locally = c.accum_local_grads;
+  dist::check_fits(*r.model, r.job.world, r.job.local_world, c.shard,
+                   state_bytes(c.optimizer, c.momentum), d, c.max_memory);
 
   r.per_epoch = static_cast<int64_t>(r.train->batches_per_epoch()) / c.accum_steps;
   COHORT_CHECK(r.per_epoch > 0, c.data << ": " << r.train->batches_per_epoch()
@@ -157,14 +168,16 @@ Run set_up(const TrainConfig& c) {
                      << r.job.rank << " has " << r.per_epoch << ", another has "
                      << (all[0] != r.per_epoch ? all[0] : -all[1])
                      << " (same --data, --batch and --accum-steps on every rank?)");
-    dist::DdpOptions d;
-    d.bucket_mb = c.bucket_mb;
-    d.first_bucket_mb = c.first_bucket_mb;
-    d.compression = c.grad_compression;
-    r.ddp = std::make_unique<dist::Ddp>(*r.model, r.world, d);
-    r.ddp->broadcast_from_rank0();
+    r.dp = dist::make_data_parallel(*r.model, r.world, d);
     if (c.sync_bn) dist::sync_batch_norm(*r.model, r.world);
   }
+  r.target = r.dp ? r.dp->optim_target() : nn::whole_model(*r.model);
+  nn::OptimOptions oo;
+  oo.kind = c.optimizer;
+  oo.momentum = c.momentum;
+  oo.nesterov = c.nesterov;
+  oo.weight_decay = c.weight_decay;
+  r.opt = nn::make_optimizer(r.target, oo);
 
   r.global_batch = int64_t{c.batch} * r.job.world * c.accum_steps;
   r.lr = c.lr_scaling == LrScaling::linear
@@ -180,7 +193,8 @@ Run set_up(const TrainConfig& c) {
 
   r.pos.seed = c.seed;
   if (!c.resume.empty()) {
-    r.pos = dist::resume_from_checkpoint(c.resume, *r.model, *r.opt, r.world.get());
+    r.pos = dist::load_checkpoint(c.resume, *r.model, r.opt.get(), r.target);
+    if (r.dp) r.dp->after_step();  // the loaded shards to where forward reads them
     COHORT_CHECK(r.pos.seed == c.seed,
                  c.resume << ": checkpoint seed " << r.pos.seed << ", this run's " << c.seed);
     COHORT_CHECK(r.pos.position % static_cast<uint64_t>(r.global_batch) == 0,
@@ -190,7 +204,8 @@ Run set_up(const TrainConfig& c) {
           static_cast<long long>(r.pos.step), static_cast<long long>(r.pos.epoch),
           static_cast<unsigned long long>(r.pos.position));
   }
-  r.pos.world = r.job.world;  // this run's checkpoints record this run's world
+  r.pos.world = r.job.world;  // this run's checkpoints record this run's world and mode
+  r.pos.mode = dist::shard_name(c.shard);
   announce(r);
   return r;
 }

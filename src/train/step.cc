@@ -1,5 +1,6 @@
-// The step: a batch as the model's input, forward and loss on a tape, backward (under DDP, its
-// buckets go out as they fill), DDP's finish, the optimiser. Reads top to bottom.
+// The step: a batch as the model's input, forward and loss on a tape, backward (under data
+// parallelism the gradients go out as backward finishes them), dp's finish, the optimiser, dp's
+// after_step. Reads top to bottom.
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
 #include "cohort/nn/layers.h"
@@ -31,7 +32,7 @@ Targets batch_targets(const data::Batch& b, bool multilabel, int classes) {
 }
 
 float forward_backward(nn::Model& m, const Tensor& x, const Targets& t, float label_smoothing,
-                       float loss_scale, dist::Ddp* ddp, bool sync, StepTimes* times) {
+                       float loss_scale, dist::DataParallel* dp, bool sync, StepTimes* times) {
   auto t0 = Clock::now();
   nn::Tape tape;
   nn::Tape::Recording rec(tape);
@@ -40,8 +41,8 @@ float forward_backward(nn::Model& m, const Tensor& x, const Targets& t, float la
                                     : nn::cross_entropy(logits, t.classes, label_smoothing);
   const float value = loss->value.data<float>()[0];
   auto t1 = Clock::now();
-  if (ddp) {
-    ddp->backward(tape, loss, loss_scale, sync);  // DDP owns the averaging over ranks
+  if (dp) {
+    dp->backward(tape, loss, loss_scale, sync);  // dp owns the averaging over ranks
   } else {
     tape.backward(loss, loss_scale);
   }
@@ -53,11 +54,15 @@ float forward_backward(nn::Model& m, const Tensor& x, const Targets& t, float la
 }
 
 float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Targets& t, float lr,
-                 float label_smoothing, StepTimes* times, dist::Ddp* ddp, bool sync) {
-  m.zero_grad();
-  const float loss = forward_backward(m, x, t, label_smoothing, 1.0f, ddp, sync, times);
-  if (ddp) {
-    const double w = ddp->finish();
+                 float label_smoothing, StepTimes* times, dist::DataParallel* dp, bool sync) {
+  if (dp) {
+    dp->zero_grad();
+  } else {
+    m.zero_grad();
+  }
+  const float loss = forward_backward(m, x, t, label_smoothing, 1.0f, dp, sync, times);
+  if (dp) {
+    const double w = dp->finish();
     if (times) times->comm_wait += w;
   }
   auto t3 = Clock::now();
@@ -65,6 +70,7 @@ float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Target
     nn::profile::Scope prof("optimizer");
     opt.step(lr);
   }
+  if (dp) dp->after_step();
   if (times) times->optimizer += seconds_since(t3);
   return loss;
 }

@@ -39,7 +39,7 @@ nlohmann::json config_json(const Run& r) {
 // Validation after an epoch: rank 0's BatchNorm statistics first (as DDP's broadcast_buffers),
 // then every rank's shard; prints and returns the figures for the log.
 nlohmann::json validate(Run& r, int64_t epoch, TrainSummary& s) {
-  if (r.ddp) r.ddp->broadcast_buffers();
+  if (r.dp) r.dp->broadcast_buffers();
   const EvalResult e = evaluate(*r.model, *r.val, r.c.multilabel, r.classes, r.world.get());
   s.last_val = e;
   s.has_val = true;
@@ -96,7 +96,11 @@ TrainSummary run_training(const TrainConfig& config) {
       // Micro-batches: gradients accumulate; only the last one communicates.
       double data_s = 0, comm_s = 0;
       auto t_step = Clock::now();
-      r.model->zero_grad();
+      if (r.dp) {
+        r.dp->zero_grad();
+      } else {
+        r.model->zero_grad();
+      }
       float loss = 0;
       int images = 0;
       for (int k = 0; k < c.accum_steps; ++k) {
@@ -107,17 +111,18 @@ TrainSummary run_training(const TrainConfig& config) {
         loss +=
             forward_backward(*r.model, batch_tensor(b), batch_targets(b, c.multilabel, r.classes),
                              c.label_smoothing, scaler.scale() / static_cast<float>(c.accum_steps),
-                             r.ddp.get(), k == c.accum_steps - 1, nullptr) /
+                             r.dp.get(), k == c.accum_steps - 1, nullptr) /
             static_cast<float>(c.accum_steps);
         images += b.size;
       }
-      if (r.ddp) comm_s = r.ddp->finish();
-      // Loss scaling, clipping, the optimiser.
+      if (r.dp) comm_s = r.dp->finish();
+      // Loss scaling, clipping (over every rank's shard), the optimiser, the updated shards out.
       const float lr = r.sched.at(step);
       const float scale = scaler.scale();
-      if (scaler.unscale(r.model->flat_grads())) {
-        if (c.clip_grad_norm > 0) nn::clip_grad_norm(*r.model, c.clip_grad_norm);
+      if (scaler.unscale(r.target)) {
+        if (c.clip_grad_norm > 0) nn::clip_grad_norm(r.target, c.clip_grad_norm);
         r.opt->step(lr);
+        if (r.dp) r.dp->after_step();
       } else {
         r.say(
             "train: step %lld: gradients overflow f16 at loss scale %g; step skipped, scale now "
@@ -134,7 +139,11 @@ TrainSummary run_training(const TrainConfig& config) {
       s.final_loss = loss;
       epoch_loss += loss;
       meter.record({step, epoch, loss, lr, compute_s, comm_s, data_s,
-                    static_cast<uint64_t>(images) * static_cast<uint64_t>(r.job.world)});
+                    static_cast<uint64_t>(images) * static_cast<uint64_t>(r.job.world),
+                    r.dp ? r.dp->traffic() : dist::Traffic()});
+      if (c.max_memory > 0) {
+        check_memory_cap(gather_memory(r.dp.get(), *r.opt, r.world.get()), c.max_memory, step);
+      }
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0 && step < r.total) {
         write_checkpoint(r, position_after(r, step, epoch, in_epoch));
       }
@@ -164,6 +173,15 @@ TrainSummary run_training(const TrainConfig& config) {
     r.say("train: per step: compute %.1f ms, exposed communication %.1f ms, data wait %.1f ms\n",
           meter.compute_ms(), meter.comm_ms(), meter.data_ms());
   }
+  const std::vector<dist::MemoryReport> memory = gather_memory(r.dp.get(), *r.opt, r.world.get());
+  if (r.dp) {
+    r.say("%s", dist::memory_table(memory).c_str());
+    const dist::Traffic& t = meter.traffic();
+    r.say(
+        "train: sent per step by rank 0: allreduce %.1f MB, reduce-scatter %.1f MB, allgather "
+        "%.1f MB (between hosts %.1f MB)\n",
+        t.allreduce / 1e6, t.reduce_scatter / 1e6, t.allgather / 1e6, t.across_hosts / 1e6);
+  }
   nlohmann::json summary = {{"steps", ran},
                             {"seconds", s.seconds},
                             {"images_per_s", s.images_per_s},
@@ -180,9 +198,12 @@ TrainSummary run_training(const TrainConfig& config) {
   }
   log["steps"] = std::move(meter.steps_json());
   log["summary"] = summary;
+  log["memory"] = memory_json(memory);
+  log["shard"] = dist::shard_name(c.shard);
 
   // What the run leaves: the final checkpoint, the weights, the log.
   write_checkpoint(r, position_after(r, step, epoch, in_epoch));
+  if (!c.save.empty() && r.dp) r.dp->gather_parameters();  // every rank: it is collective
   if (!c.save.empty() && r.lead) {
     std::filesystem::create_directories(c.save);
     const std::string path = c.save + "/model.safetensors";

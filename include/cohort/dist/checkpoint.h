@@ -1,9 +1,17 @@
-// Checkpoints: the model's parameters and buffers, the optimiser's state, and where the run is
-// (step, epoch, global sample position in the epoch), in one safetensors file whose data
-// section carries a CRC-32C in its metadata. A new checkpoint is written to a temporary name,
-// fsynced, read back and checked, and only then renamed over the previous one: a crash or a
-// full disk at any point leaves the previous checkpoint whole. Randomness needs no state:
-// every draw is keyed on (seed, epoch, sample), so position and seed restore it.
+// Checkpoints that survive crashes and reshard. A checkpoint is a directory:
+//   DIR/checkpoint.json                   the index, written last
+//   DIR/step-<step>-<id>/rank-<r>.safetensors   each writing rank's pieces
+// A rank's file holds the pieces of the parameters its optimiser updates and their optimiser
+// state, named "model.<param>[lo:hi]" and "optim.<state>.<param>[lo:hi]" (elements lo..hi of the
+// flattened parameter), and rank 0's also the buffers ("buffer.<name>"); under DDP rank 0 alone
+// writes, everything. Each file is written to a temporary name, fsynced, read back and checked
+// against its CRC-32C, then renamed; once every rank has written, rank 0 replaces the index
+// (atomically, with each file's CRC) and only then removes the older step directories. A crash
+// or a full disk at any point leaves the previous checkpoint whole. Loading reads the index and
+// every file and copies the overlap of each saved piece with each piece this rank needs, so a
+// checkpoint loads at any world size and under any mode (the directory must be readable by
+// every rank, as torch.distributed.checkpoint's). Randomness needs no state: every draw is keyed
+// on (seed, epoch, sample), so position and seed restore it.
 #pragma once
 
 #include <cstdint>
@@ -21,18 +29,27 @@ struct RunPosition {
   uint64_t position = 0;  // global samples of that epoch already consumed (all ranks)
   uint64_t seed = 0;
   int world = 1;
+  std::string mode = "none";  // the --shard mode that wrote it
 };
 
-// Writes DIR/checkpoint.safetensors (DIR is created).
+// Collective over `world` (null: this process alone). `t` is what this rank's optimiser
+// updates; replicated: every rank holds all of it (DDP), so rank 0 alone writes.
 void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& opt,
+                     const nn::OptimTarget& t, const RunPosition& pos, comm::Communicator* world,
+                     bool replicated);
+// Restores the pieces of `t` (values and, with opt, its state), the buffers and the optimiser's
+// step count. Errors name the file and what does not match (model, piece, CRC).
+RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer* opt,
+                            const nn::OptimTarget& t);
+// One process, the whole model.
+void save_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt,
                      const RunPosition& pos);
-// Restores into m and opt; errors name the file and what does not match (model, shapes, CRC).
 RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt);
-std::string checkpoint_path(const std::string& dir);
-// Resume on every rank of `world` (null: this process alone): rank 0 reads the checkpoint (no
-// shared file system needed) and broadcasts the position, parameters, buffers and optimiser
-// state, so that every rank starts as rank 0 left off.
-RunPosition resume_from_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt,
-                                   comm::Communicator* world);
+
+std::string checkpoint_index(const std::string& dir);  // DIR/checkpoint.json
+// `cohort checkpoint inspect`: step, world, mode, files, and every tensor with its size.
+std::string describe_checkpoint(const std::string& dir);
+// `cohort checkpoint consolidate`: the whole model's weights under torchvision's names.
+void consolidate_checkpoint(const std::string& dir, const std::string& out);
 
 }  // namespace cohort::dist

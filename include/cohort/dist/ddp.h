@@ -14,20 +14,11 @@
 #include <vector>
 
 #include "cohort/comm/communicator.h"
+#include "cohort/dist/data_parallel.h"
+#include "cohort/dist/step_memory.h"
 #include "cohort/nn/model.h"
 
 namespace cohort::dist {
-
-// What the gradient buckets travel as: f32 (none), or converted to bf16 or f16 for the wire.
-enum class Compression { none, bf16, f16 };
-const char* compression_name(Compression c);
-Compression parse_compression(const std::string& s);  // throws naming the value and the choices
-
-struct DdpOptions {
-  double first_bucket_mb = 1.0;
-  double bucket_mb = 25.0;
-  Compression compression = Compression::none;
-};
 
 struct Bucket {
   size_t begin = 0, end = 0;  // element range of the flat gradient buffer
@@ -38,31 +29,41 @@ struct Bucket {
   double launched_at = 0;  // seconds since the step's backward began
 };
 
-class Ddp {
+class Ddp : public DataParallel {
  public:
   Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o = {});
+
+  Shard mode() const override { return Shard::none; }
+  std::string describe() const override;
+  void zero_grad() override;
+  const nn::OptimTarget& optim_target() const override { return target_; }
+  void after_step() override {}
+  void gather_parameters() override {}
+  bool replicated() const override { return true; }
+  MemoryReport memory(const nn::Optimizer& opt) const override;
+  Traffic traffic() const override;
 
   // Every rank takes rank 0's parameters and buffers.
   void broadcast_from_rank0();
   // Every rank takes rank 0's buffers (BatchNorm's running statistics, which plain BatchNorm
   // updates from each rank's own batches), before evaluation or a checkpoint.
-  void broadcast_buffers();
+  void broadcast_buffers() override;
   // Backward of one micro-batch under DDP: arms the hooks on its tape, then runs it. DDP owns
   // the averaging: the loss gradient is scaled by loss_scale / world here, and the buckets are
   // summed, which leaves the average (an `avg` allreduce cost the collective another pass, 42%
   // more). With sync = false (all but the last micro-batch of an accumulation), gradients only
   // accumulate locally, as PyTorch's no_sync().
-  void backward(nn::Tape& tape, const nn::Var& loss, float loss_scale, bool sync);
+  void backward(nn::Tape& tape, const nn::Var& loss, float loss_scale, bool sync) override;
   // Waits for every bucket (launching any a rank's graph never finished) and leaves the
   // averaged gradients in the flat buffer. Returns the seconds spent waiting.
-  double finish();
+  double finish() override;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Seconds from prepare() to the first bucket's launch and to the end of backward (when
   // finish() was called), for the overlap test and the report.
   double first_launch_s() const { return buckets_.empty() ? 0 : buckets_.front().launched_at; }
   double backward_end_s() const { return backward_end_s_; }
-  comm::Communicator& communicator() { return *comm_; }
+  comm::Communicator& communicator() override { return *comm_; }
 
  private:
   void prepare(nn::Tape& tape, bool sync);
@@ -80,16 +81,9 @@ class Ddp {
   bool sync_ = true;
   int64_t prepared_at_us_ = 0;
   double backward_end_s_ = 0;
+  nn::OptimTarget target_;
+  bool synced_ = false;  // the last step's gradients were reduced
+  StepMemory step_memory_;
 };
-
-// Every rank takes `root`'s parameters (the flat value buffer) and buffers (BatchNorm's running
-// statistics): at the start of a run, after a resume, before evaluation.
-void broadcast_parameters(nn::Model& m, comm::Communicator& c, int root = 0);
-void broadcast_buffers(nn::Model& m, comm::Communicator& c, int root = 0);
-
-// SyncBatchNorm: every BatchNorm2d of the model takes its batch statistics over all ranks, on
-// a communicator of its own (split from c) so that its small reductions never queue behind
-// DDP's buckets.
-void sync_batch_norm(nn::Model& m, const std::shared_ptr<comm::Communicator>& c);
 
 }  // namespace cohort::dist

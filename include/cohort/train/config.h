@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "cohort/dist/ddp.h"
+#include "cohort/dist/data_parallel.h"
 
 namespace cohort::train {
 
@@ -46,7 +46,13 @@ struct TrainConfig {
   // Data parallel (under cohort launch, torchrun, mpirun or srun).
   int accum_steps = 1;  // micro-batches per optimiser step; only the last communicates
   float bucket_mb = 25, first_bucket_mb = 1;
-  dist::Compression grad_compression = dist::Compression::none;  // the buckets on the wire
+  dist::Compression reduce_dtype = dist::Compression::none;  // what gradients are reduced in
+  // Sharding (docs/training.md): none is DDP.
+  dist::Shard shard = dist::Shard::none;
+  bool reshard_after_forward = true;
+  int max_prefetch = 1;
+  bool accum_local_grads = false;
+  uint64_t max_memory = 0;  // bytes per rank; 0: no cap
   bool sync_bn = false;
   float clip_grad_norm = 0;      // 0: off
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when checkpoint-dir is set
@@ -69,6 +75,8 @@ const std::vector<ConfigKey>& train_config_keys();
 // Sets one key from text; unknown keys and malformed values are errors naming them.
 void set_config_key(TrainConfig& c, const std::string& key, const std::string& value,
                     const std::string& origin);
+// "8G", "512M", "1000": bytes (K, M, G, T are powers of 1024); errors name the key.
+uint64_t parse_byte_size(const std::string& key, const std::string& text);
 // Applies a JSON (.json) or TOML (anything else) file's keys over c.
 void apply_config_file(TrainConfig& c, const std::string& path);
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cohort/data/pipeline.h"
-#include "cohort/dist/ddp.h"
+#include "cohort/dist/data_parallel.h"
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
 #include "cohort/train/config.h"
@@ -27,18 +27,18 @@ struct StepTimes {
 };
 
 // Forward and backward of one micro-batch, adding its gradients (of loss x loss_scale) into
-// the model's flat gradient buffer; `ddp`, when given, is armed on the tape first (sync: this
-// micro-batch's gradients are communicated; DDP scales the loss gradient for the average over
+// the model's flat gradient buffer; `dp`, when given, is armed on the tape first (sync: this
+// micro-batch's gradients are communicated; dp scales the loss gradient for the average over
 // ranks). Returns the batch's loss.
 float forward_backward(nn::Model& m, const Tensor& x, const Targets& t, float label_smoothing,
-                       float loss_scale, dist::Ddp* ddp, bool sync, StepTimes* times);
+                       float loss_scale, dist::DataParallel* dp, bool sync, StepTimes* times);
 
-// One optimisation step on one batch: zero, forward, backward, (DDP finish), optimiser. With
-// sync = false, DDP communicates nothing (as PyTorch's no_sync()): what the step costs without
-// its allreduces, for measuring what they cost.
+// One optimisation step on one batch: zero, forward, backward, (dp's finish), optimiser, (dp's
+// after_step). With sync = false, DDP communicates nothing (as PyTorch's no_sync()): what the
+// step costs without its allreduces, for measuring what they cost.
 float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Targets& t, float lr,
-                 float label_smoothing, StepTimes* times = nullptr, dist::Ddp* ddp = nullptr,
-                 bool sync = true);
+                 float label_smoothing, StepTimes* times = nullptr,
+                 dist::DataParallel* dp = nullptr, bool sync = true);
 
 struct EvalResult {
   double loss = 0, accuracy = 0, auc = 0;  // auc: binary or mean over findings; NaN if undefined
@@ -71,8 +71,9 @@ struct BenchTrainOptions {
   std::string optimizer = "sgd";
   std::string json;
   bool profile = true;   // time every kind of op and report the split
-  bool no_sync = false;  // DDP without its allreduces (the step's cost without communication)
-  dist::DdpOptions ddp;  // under a launcher with several ranks
+  bool no_sync = false;  // no gradient reduction (the step's cost without it)
+  dist::DdpOptions ddp;  // under a launcher with several ranks: the mode and its options
+  uint64_t max_memory = 0;
   Precision precision = Precision::f32;
 };
 
@@ -82,6 +83,8 @@ struct BenchTrainResult {
   int world = 1;
   size_t peak_rss = 0;
   int threads = 0;
+  dist::MemoryReport memory;  // this rank's
+  dist::Traffic sent;         // the last step's, this rank
 };
 
 // Synthetic data, timed steps; prints a table (the per-op split too) and writes JSON.

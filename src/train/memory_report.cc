@@ -1,0 +1,93 @@
+// The memory report at the end of cohort train and cohort bench train: every rank's figures by
+// category (dist::MemoryReport), gathered to every rank, printed as a table and written to the
+// JSON; the run-time --max-memory check over the same figures.
+#include "cohort/core/error.h"
+#include "cohort/train/metrics.h"
+#include "run.h"
+
+namespace cohort::train {
+
+int state_bytes(const std::string& optimizer, float momentum) {
+  if (optimizer == "adamw") return 8;
+  if (optimizer == "lars") return 4;
+  return momentum != 0 ? 4 : 0;
+}
+
+std::vector<dist::MemoryReport> gather_memory(dist::DataParallel* dp, const nn::Optimizer& opt,
+                                              comm::Communicator* world) {
+  dist::MemoryReport r;
+  if (dp) {
+    r = dp->memory(opt);
+  } else {
+    r.mode = "none";
+    r.psi = 0;
+  }
+  r.peak_rss = peak_rss_bytes();
+  if (!world) return {r};
+  const double mine[] = {
+      static_cast<double>(r.ranks),           static_cast<double>(r.psi),
+      static_cast<double>(r.state_bytes),     static_cast<double>(r.parameters),
+      static_cast<double>(r.gradients),       static_cast<double>(r.optimizer),
+      static_cast<double>(r.gathered),        static_cast<double>(r.gradients_in_flight),
+      static_cast<double>(r.activations),     static_cast<double>(r.comm_buffers),
+      static_cast<double>(r.allocator_cache), static_cast<double>(r.peak_rss)};
+  constexpr size_t k = sizeof(mine) / sizeof(mine[0]);
+  std::vector<double> all(k * static_cast<size_t>(world->size()));
+  world->allgather(mine, all.data(), k, comm::DataType::f64).wait();
+  std::vector<dist::MemoryReport> out;
+  for (int i = 0; i < world->size(); ++i) {
+    const double* v = all.data() + k * static_cast<size_t>(i);
+    dist::MemoryReport m;
+    m.mode = r.mode;
+    m.ranks = static_cast<int>(v[0]);
+    m.psi = static_cast<int64_t>(v[1]);
+    m.state_bytes = static_cast<int>(v[2]);
+    m.parameters = static_cast<size_t>(v[3]);
+    m.gradients = static_cast<size_t>(v[4]);
+    m.optimizer = static_cast<size_t>(v[5]);
+    m.gathered = static_cast<size_t>(v[6]);
+    m.gradients_in_flight = static_cast<size_t>(v[7]);
+    m.activations = static_cast<size_t>(v[8]);
+    m.comm_buffers = static_cast<size_t>(v[9]);
+    m.allocator_cache = static_cast<size_t>(v[10]);
+    m.peak_rss = static_cast<size_t>(v[11]);
+    out.push_back(m);
+  }
+  return out;
+}
+
+nlohmann::json memory_json(const std::vector<dist::MemoryReport>& ranks) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const dist::MemoryReport& m : ranks) {
+    a.push_back({{"mode", m.mode},
+                 {"shard_ranks", m.ranks},
+                 {"parameter_elements", m.psi},
+                 {"optimizer_state_bytes_per_element", m.state_bytes},
+                 {"parameters", m.parameters},
+                 {"gradients", m.gradients},
+                 {"optimizer_state", m.optimizer},
+                 {"model_state", m.model_state()},
+                 {"model_state_formula", m.formula()},
+                 {"gathered_peak", m.gathered},
+                 {"gradients_in_flight_peak", m.gradients_in_flight},
+                 {"activations_peak", m.activations},
+                 {"comm_buffers_peak", m.comm_buffers},
+                 {"allocator_cache_peak", m.allocator_cache},
+                 {"total", m.total()},
+                 {"peak_rss", m.peak_rss}});
+  }
+  return a;
+}
+
+void check_memory_cap(const std::vector<dist::MemoryReport>& ranks, uint64_t cap, int64_t step) {
+  if (cap == 0) return;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    COHORT_CHECK(ranks[r].total() <= cap,
+                 "rank " << r << " used " << ranks[r].total() / (1 << 20) << " MiB at step " << step
+                         << ", over --max-memory " << cap / (1 << 20) << " MiB; stopping before "
+                         << "the kernel does:\n"
+                         << dist::memory_table(ranks));
+  }
+}
+
+}  // namespace cohort::train
