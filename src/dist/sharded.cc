@@ -2,9 +2,6 @@
 // as backward finishes units, the step's end, and the accounting.
 #include "sharded.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <sstream>
 
@@ -17,24 +14,11 @@ namespace cohort::dist {
 
 namespace {
 
-constexpr size_t kPage = 4096;
-constexpr size_t kPageFloats = kPage / sizeof(float);
+constexpr size_t kPageFloats = 4096 / sizeof(float);
 
-// Zeroes n floats at p and returns the whole pages among them to the kernel, which maps them
-// back as zeros when next touched: the buffer keeps its addresses, its memory is gone.
+// The buffer keeps its addresses; its memory goes back to the kernel (tensor::drop_pages).
 void release_pages(float* p, size_t n) {
-  auto* b = reinterpret_cast<char*>(p);
-  char* e = b + n * sizeof(float);
-  auto* pb = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(b) + kPage - 1) & ~(kPage - 1));
-  auto* pe = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(e) & ~(kPage - 1));
-  if (pb >= pe) {
-    std::memset(b, 0, static_cast<size_t>(e - b));
-    return;
-  }
-  std::memset(b, 0, static_cast<size_t>(pb - b));
-  std::memset(pe, 0, static_cast<size_t>(e - pe));
-  COHORT_CHECK(::madvise(pb, static_cast<size_t>(pe - pb), MADV_DONTNEED) == 0,
-               "madvise(DONTNEED) of " << (pe - pb) << " bytes: " << std::strerror(errno));
+  tensor::drop_pages(p, n * sizeof(float));
 }
 
 tensor::DType tensor_type(comm::DataType t) {

@@ -373,13 +373,21 @@ void Model::align_units(size_t align) {
     total = up(total);
     u.end = total;
   }
-  values_ = Tensor::zeros({static_cast<int64_t>(total)});
-  grads_ = Tensor::zeros({static_cast<int64_t>(total)});
+  // Gradients start again from zero; values move parameter by parameter, each one's old pages
+  // returned once copied, so that the new layout never holds a second copy of the model.
+  for (Param* p : params_) p->grad = Tensor();
+  grads_ = Tensor::empty({static_cast<int64_t>(total)});
+  tensor::drop_pages(grads_.raw(), grads_.bytes());
+  values_ = Tensor::empty({static_cast<int64_t>(total)});
+  tensor::drop_pages(values_.raw(), values_.bytes());
   for (Param* p : params_) {
     Tensor before = p->value;
     p->value = Tensor::view_of(values_, p->offset * sizeof(float), p->shape);
     p->grad = Tensor::view_of(grads_, p->offset * sizeof(float), p->shape);
-    if (before.defined()) p->value.copy_(before);
+    if (before.defined()) {
+      p->value.copy_(before);
+      tensor::drop_pages(before.raw(), before.bytes());
+    }
   }
 }
 

@@ -1,5 +1,7 @@
 #include "cohort/tensor/tensor.h"
 
+#include <sys/mman.h>
+
 #include <omp.h>
 
 #include <cmath>
@@ -411,6 +413,22 @@ double sum(const Tensor& t) {
 #pragma omp parallel for reduction(+ : acc) if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) acc += p[i];
   return acc;
+}
+
+void drop_pages(void* p, size_t bytes) {
+  constexpr uintptr_t kPage = 4096;
+  auto* b = static_cast<char*>(p);
+  char* e = b + bytes;
+  auto* pb = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(b) + kPage - 1) & ~(kPage - 1));
+  auto* pe = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(e) & ~(kPage - 1));
+  if (pb >= pe) {
+    std::memset(b, 0, bytes);
+    return;
+  }
+  std::memset(b, 0, static_cast<size_t>(pb - b));
+  std::memset(pe, 0, static_cast<size_t>(e - pe));
+  COHORT_CHECK(::madvise(pb, static_cast<size_t>(pe - pb), MADV_DONTNEED) == 0,
+               "madvise(DONTNEED) of " << (pe - pb) << " bytes: " << std::strerror(errno));
 }
 
 double sum_squares(const Tensor& t) {

@@ -1,6 +1,7 @@
 // What a step allocates beyond the persistent state (activations, the tape's temporaries, the
 // backward's scratch): the tensor allocator's peak over the step minus what was in use when the
-// step began. Shared by DDP and the sharded engine.
+// step began; and what the allocator's cache holds beyond that peak (blocks of other sizes kept
+// for reuse), so that the two never count the same bytes. Shared by DDP and the sharded engine.
 #pragma once
 
 #include <algorithm>
@@ -18,7 +19,8 @@ class StepMemory {
   void end() {
     const tensor::AllocatorStats s = tensor::Allocator::cpu().stats();
     peak_ = std::max(peak_, s.peak_in_use > base_ ? s.peak_in_use - base_ : 0);
-    cache_ = std::max(cache_, s.cached);
+    const size_t footprint = s.in_use + s.cached;
+    cache_ = std::max(cache_, footprint > s.peak_in_use ? footprint - s.peak_in_use : 0);
   }
   size_t peak() const { return peak_; }
   size_t cache() const { return cache_; }
