@@ -857,7 +857,9 @@ Var Linear::forward(const Var& x_in) {
     if (b_) tape->use(*b_);
     tape->push(out, [this, tape, x_in, out, xc, wc, n, ct]() {
       profile::Scope prof("linear.bwd");
-      need_value(*w_);  // wc is a view of the weights in f32
+      need_value(*w_);
+      // In f32 the weights are read again here, not through the forward's view: a sharded unit
+      // may have been gathered into another buffer since.
       Tensor dy32 = out->grad.contiguous();
       const Tensor dy = ct == DType::f32 ? dy32 : convert(dy32, ct);
       tensor::matmul(dy, true, xc, false, w_->grad, 1.0f);
@@ -871,7 +873,7 @@ Var Linear::forward(const Var& x_in) {
       }
       if (x_in->requires_grad) {
         Tensor dx = Tensor::empty({n, in_});
-        tensor::matmul(dy, false, wc, false, dx);
+        tensor::matmul(dy, false, ct == DType::f32 ? w_->value : wc, false, dx);
         accumulate(*x_in, std::move(dx));
       }
     });

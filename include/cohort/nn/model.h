@@ -59,7 +59,7 @@ class Model {
   const std::vector<Unit>& units() const { return units_; }
   // Lays the flat buffers out again so that every unit starts and ends on a multiple of `align`
   // elements (zero padding between), keeping the values: ZeRO splits each unit into equal
-  // chunks, one per rank, and frees whole pages of it. New buffers; the Params' views follow.
+  // chunks, one per rank. New buffers (gradients zero); the Params' views follow.
   void align_units(size_t align);
   Module& root() { return *root_; }
 
