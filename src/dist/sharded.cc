@@ -325,11 +325,9 @@ void Sharded::zero_grad() {
   traffic_ = Traffic();
   waited_s_ = 0;
   first_reduce_ = true;
-  if (stage() == 1) {
-    m_.zero_grad();
-  } else {
-    shard_grads_.zero_();
-  }
+  // zero2/3 need not clear the shard: the step's first reduction of each unit lands in it
+  // whole (first_reduce_), every unit's reduction going out in every communicating micro-batch.
+  if (stage() == 1) m_.zero_grad();
 }
 
 void Sharded::backward(nn::Tape& tape, const nn::Var& loss, float loss_scale, bool sync) {

@@ -38,11 +38,12 @@ using train::Targets;
 
 constexpr int kGlobal = 30;  // samples per global micro-batch: divisible by 2, 3, 5 and 6
 
-tensor::Tensor samples(int k, int first, int count) {
-  tensor::Tensor all = tensor::Tensor::empty({kGlobal, 1, 16, 16});
+tensor::Tensor samples(int k, int first, int count, int px = 16) {
+  tensor::Tensor all = tensor::Tensor::empty({kGlobal, 1, px, px});
   nn::init::normal(all, 0.0, 1.0, 2000 + static_cast<uint64_t>(k));
-  tensor::Tensor part = tensor::Tensor::empty({count, 1, 16, 16});
-  std::memcpy(part.raw(), all.data<float>() + first * 256, static_cast<size_t>(count) * 256 * 4);
+  tensor::Tensor part = tensor::Tensor::empty({count, 1, px, px});
+  std::memcpy(part.raw(), all.data<float>() + first * px * px,
+              static_cast<size_t>(count * px * px) * 4);
   return part.channels_last();
 }
 
@@ -66,6 +67,11 @@ struct Case {
   bool accumulate_locally = false;
   double tol = 2e-4;
   std::string model = "smallcnn";
+  int px = 16;
+  // Small enough that three steps stay well conditioned: AdamW's step is lr x sign-like, and
+  // resnet50's stem takes gradients of norm ~400 from these inputs; at larger rates the last
+  // bits of the summation order grow into visible differences (DDP against itself too).
+  float lr = 0.05f;
 };
 
 // `steps` steps of `accum` micro-batches through dp; this rank holds [first, first + count).
@@ -75,14 +81,12 @@ void train(nn::Model& m, nn::Optimizer& opt, DataParallel& dp, const Case& k, in
     dp.zero_grad();
     for (int a = 0; a < k.accum; ++a) {
       const int micro = s * k.accum + a;
-      train::forward_backward(m, samples(micro, first, count), labels(first, count), 0.0f,
+      train::forward_backward(m, samples(micro, first, count, k.px), labels(first, count), 0.0f,
                               1.0f / static_cast<float>(k.accum), &dp, a == k.accum - 1, nullptr);
     }
     dp.finish();
     if (k.clip > 0) nn::clip_grad_norm(dp.optim_target(), k.clip);
-    // AdamW's step is lr x sign-like: at SGD's rate three steps would amplify the last bits of
-    // the reduction order into visible differences.
-    opt.step(k.optimizer == "adamw" ? 1e-3f : 0.05f);
+    opt.step(k.lr);
     dp.after_step();
   }
 }
@@ -132,18 +136,22 @@ void equals_ddp(const Case& k) {
           if (k.sync_bn) sync_batch_norm(*m, c);
           auto opt = nn::make_optimizer(dp->optim_target(), oo);
           train(*m, *opt, *dp, k, rank * per_rank, per_rank);
-          // Evaluation reads the parameters outside any step (zero3: gathered unit by unit).
+          // Evaluation reads the parameters outside any step (zero3: gathered unit by unit into
+          // the pool, with prefetch): bit for bit what it gives with every unit gathered whole.
           m->train(false);
           nn::NoGrad ng;
-          tensor::Tensor logits = m->forward(nn::constant(samples(99, 0, 4)))->value.contiguous();
+          const tensor::Tensor x = samples(99, 0, 4);
+          tensor::Tensor gathered = m->forward(nn::constant(x))->value.contiguous();
+          dp->gather_parameters();
+          tensor::Tensor whole = m->forward(nn::constant(x))->value.contiguous();
+          REQUIRE(std::memcmp(gathered.raw(), whole.raw(), whole.bytes()) == 0,
+                  "evaluation through gathered units differs from the whole parameters'");
           m->train(true);
           dp->gather_parameters();
-          return Trained{std::move(m), std::move(dp), logits};
+          return Trained{std::move(m), std::move(dp), whole};
         };
         auto [ref, ref_dp, ref_logits] = run(Shard::none);
         auto [m, dp, logits] = run(k.shard);
-        const double dl = max_rel_diff(logits, ref_logits);
-        REQUIRE(dl < 10 * k.tol, "evaluation logits differ from DDP's by " << dl);
         for (nn::Param* p : ref->params()) {
           const double d = max_rel_diff(m->find_param(p->name)->value, p->value);
           REQUIRE(d < k.tol, shard_name(k.shard)
@@ -168,6 +176,7 @@ TEST(Sharded, Zero2OnThreeRanksWithAccumulationAndClippingEqualsDdp) {
   Case k{Shard::zero2, 3};
   k.accum = 2;
   k.optimizer = "adamw";
+  k.lr = 1e-3f;
   k.clip = 0.05f;  // below the norm: clipping acts
   equals_ddp(k);
 }
@@ -183,15 +192,30 @@ TEST(Sharded, Zero3KeptForBackwardWithLocalAccumulationEqualsDdp) {
   Case k{Shard::zero3, 3};
   k.accum = 3;
   k.optimizer = "adamw";
+  k.lr = 1e-3f;
   k.reshard = false;
   k.accumulate_locally = true;
   equals_ddp(k);
 }
 
-// A real network's units: ResNet blocks with their downsample branches, the stem and the head.
+// Real networks' units: ResNet BasicBlocks and Bottlenecks with their downsample branches, the
+// stem and the head, on two ranks. (On 3 and 4 ranks these random inputs make the networks
+// ill-conditioned: at 16 px layer3 and layer4 are 1x1 maps, and per-rank BatchNorm over a few
+// samples there turns last-bit differences into visible ones within three steps, so that DDP
+// with other bucket sizes ends elsewhere too; resnet50 on 4 ranks with SyncBN even departs from
+// one process with the whole batch under DDP. The smallcnn cases cover 3 and 5 ranks.)
 TEST(Sharded, Zero3OfResnet18EqualsDdp) {
   Case k{Shard::zero3, 2};
   k.model = "resnet18";
+  equals_ddp(k);
+}
+
+TEST(Sharded, Zero1OfResnet50WithSyncBnEqualsDdp) {
+  Case k{Shard::zero1, 2};
+  k.model = "resnet50";
+  k.sync_bn = true;
+  k.px = 64;
+  k.lr = 1e-3f;
   equals_ddp(k);
 }
 
@@ -265,6 +289,7 @@ TEST(Sharded, Bf16ReductionStaysCloseToDdpsBf16Buckets) {
 TEST(Sharded, HybridOnTwoHostsOfTwoEqualsDdp) {
   Case k{Shard::hybrid, 4, 2};
   k.optimizer = "adamw";
+  k.lr = 1e-3f;
   k.clip = 0.05f;
   k.sync_bn = true;
   k.accum = 2;
