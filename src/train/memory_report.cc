@@ -1,6 +1,8 @@
 // The memory report at the end of cohort train and cohort bench train: every rank's figures by
 // category (dist::MemoryReport), gathered to every rank, printed as a table and written to the
 // JSON; the run-time --max-memory check over the same figures.
+#include <iterator>
+
 #include "cohort/core/error.h"
 #include "cohort/train/metrics.h"
 #include "run.h"
@@ -24,33 +26,27 @@ std::vector<dist::MemoryReport> gather_memory(dist::DataParallel* dp, const nn::
   }
   r.peak_rss = peak_rss_bytes();
   if (!world) return {r};
-  const double mine[] = {
-      static_cast<double>(r.ranks),           static_cast<double>(r.psi),
-      static_cast<double>(r.state_bytes),     static_cast<double>(r.parameters),
-      static_cast<double>(r.gradients),       static_cast<double>(r.optimizer),
-      static_cast<double>(r.gathered),        static_cast<double>(r.gradients_in_flight),
-      static_cast<double>(r.activations),     static_cast<double>(r.comm_buffers),
-      static_cast<double>(r.allocator_cache), static_cast<double>(r.peak_rss)};
-  constexpr size_t k = sizeof(mine) / sizeof(mine[0]);
+  // The byte counts, in one order for packing and unpacking; then ranks, psi and K.
+  using M = dist::MemoryReport;
+  static constexpr size_t M::*kBytes[] = {
+      &M::parameters,  &M::gradients,    &M::optimizer,       &M::gathered, &M::gradients_in_flight,
+      &M::activations, &M::comm_buffers, &M::allocator_cache, &M::peak_rss};
+  constexpr size_t n = std::size(kBytes), k = n + 3;
+  std::vector<double> mine;
+  for (size_t M::*f : kBytes) mine.push_back(static_cast<double>(r.*f));
+  mine.insert(mine.end(), {static_cast<double>(r.ranks), static_cast<double>(r.psi),
+                           static_cast<double>(r.state_bytes)});
   std::vector<double> all(k * static_cast<size_t>(world->size()));
-  world->allgather(mine, all.data(), k, comm::DataType::f64).wait();
-  std::vector<dist::MemoryReport> out;
+  world->allgather(mine.data(), all.data(), k, comm::DataType::f64).wait();
+  std::vector<M> out;
   for (int i = 0; i < world->size(); ++i) {
     const double* v = all.data() + k * static_cast<size_t>(i);
-    dist::MemoryReport m;
+    M m;
     m.mode = r.mode;
-    m.ranks = static_cast<int>(v[0]);
-    m.psi = static_cast<int64_t>(v[1]);
-    m.state_bytes = static_cast<int>(v[2]);
-    m.parameters = static_cast<size_t>(v[3]);
-    m.gradients = static_cast<size_t>(v[4]);
-    m.optimizer = static_cast<size_t>(v[5]);
-    m.gathered = static_cast<size_t>(v[6]);
-    m.gradients_in_flight = static_cast<size_t>(v[7]);
-    m.activations = static_cast<size_t>(v[8]);
-    m.comm_buffers = static_cast<size_t>(v[9]);
-    m.allocator_cache = static_cast<size_t>(v[10]);
-    m.peak_rss = static_cast<size_t>(v[11]);
+    for (size_t j = 0; j < n; ++j) m.*kBytes[j] = static_cast<size_t>(v[j]);
+    m.ranks = static_cast<int>(v[n]);
+    m.psi = static_cast<int64_t>(v[n + 1]);
+    m.state_bytes = static_cast<int>(v[n + 2]);
     out.push_back(m);
   }
   return out;

@@ -14,6 +14,7 @@
 #include "cohort/nn/layers.h"
 #include "cohort/nn/model.h"
 #include "cohort/train/trainer.h"
+#include "testing/half_used.h"
 #include "testing/ranks.h"
 #include "testing/scans.h"
 #include "testing/temp_dir.h"
@@ -227,17 +228,7 @@ TEST(Ddp, ShardedValidationEqualsOneRank) {
 }
 
 // A parameter the forward never uses: its bucket still goes out and nobody hangs.
-class HalfUsed : public nn::Module {
- public:
-  HalfUsed() {
-    used_ = &add("used", std::make_unique<nn::Linear>(4, 3));
-    add("unused", std::make_unique<nn::Linear>(4, 3));
-  }
-  nn::Var forward(const nn::Var& x) override { return used_->forward(x); }
-
- private:
-  nn::Linear* used_;
-};
+using testing::HalfUsed;
 
 TEST(Ddp, ParametersWithoutGradientsDoNotHang) {
   auto rs = run_ranks(2, [](int rank) {

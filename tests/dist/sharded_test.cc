@@ -23,6 +23,7 @@
 #include "cohort/nn/layers.h"
 #include "cohort/nn/safetensors.h"
 #include "cohort/train/trainer.h"
+#include "testing/half_used.h"
 #include "testing/ranks.h"
 #include "testing/scans.h"
 #include "testing/shell.h"
@@ -232,17 +233,7 @@ TEST(Sharded, Zero1OfResnet50WithSyncBnEqualsDdp) {
 
 // A parameter the forward never uses: its unit still goes out (at the end of backward) and
 // nobody hangs, in every sharded mode.
-class HalfUsed : public nn::Module {
- public:
-  HalfUsed() {
-    used_ = &add("used", std::make_unique<nn::Linear>(4, 3));
-    add("unused", std::make_unique<nn::Linear>(4, 3));
-  }
-  nn::Var forward(const nn::Var& x) override { return used_->forward(x); }
-
- private:
-  nn::Linear* used_;
-};
+using testing::HalfUsed;
 
 TEST(Sharded, ParametersWithoutGradientsDoNotHang) {
   RunOptions ro;
