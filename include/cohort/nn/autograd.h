@@ -23,7 +23,8 @@ class Residency;
 struct Param {
   std::string name;  // torchvision's name, e.g. "layer1.0.conv1.weight"
   Shape shape;
-  Tensor value, grad;              // views into the model's flat buffers
+  Tensor value, grad;              // views into the model's flat buffers (or into a sharded
+                                   // engine's buffer while its unit is in use)
   bool decay = true;               // false for norm weights and biases (optimisers may exempt them)
   size_t offset = 0;               // in elements, into the flat buffers
   int index = 0;                   // registration order

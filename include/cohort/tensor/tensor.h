@@ -128,7 +128,7 @@ double sum(const Tensor& t);
 double sum_squares(const Tensor& t);
 // Zeroes [p, p + bytes) and returns the whole pages in it to the kernel (madvise DONTNEED on
 // this private anonymous memory): it reads back as zeros and costs no memory until written.
-// What ZeRO does with a unit's gathered parameters and reduced gradients.
+// What a new layout and ZeRO do with flat buffers they do not keep whole.
 void drop_pages(void* p, size_t bytes);
 bool all_finite(const Tensor& t);
 double max_abs(const Tensor& t);  // inf or nan when any element is
