@@ -90,12 +90,33 @@ Compression parse_compression(const std::string& s) {
   COHORT_THROW("reduce dtype '" << s << "' (known: f32, bf16, f16)");
 }
 
+ModelState zero_model_state(Shard mode, double psi, double k, double n) {
+  ModelState s{4 * psi, 4 * psi, k * psi};
+  if (mode == Shard::none) return s;
+  s.optimizer /= n;
+  if (mode == Shard::zero1) return s;
+  s.gradients /= n;
+  if (mode == Shard::zero2) return s;
+  s.parameters /= n;  // zero3, hybrid
+  return s;
+}
+
 double MemoryReport::formula() const {
-  const double p = static_cast<double>(psi), k = state_bytes, n = ranks;
-  if (mode == "none") return (8 + k) * p;
-  if (mode == "zero1") return 8 * p + k * p / n;
-  if (mode == "zero2") return 4 * p + (4 + k) * p / n;
-  return (8 + k) * p / n;  // zero3, hybrid (n: the host's ranks)
+  return zero_model_state(mode, static_cast<double>(psi), state_bytes, ranks).total();
+}
+
+void add_optimizer_state(MemoryReport& r, const nn::Optimizer& opt) {
+  // state() hands out the tensors for loading too; counting them changes nothing.
+  for (auto& [name, t] : const_cast<nn::Optimizer&>(opt).state()) r.optimizer += t->bytes();
+  r.state_bytes = static_cast<int>(opt.state_bytes_per_element());
+}
+
+MemoryReport DataParallel::memory(const nn::Optimizer& opt) const {
+  MemoryReport r = held();
+  add_optimizer_state(r, opt);
+  r.activations = step_memory_.peak();
+  r.allocator_cache = step_memory_.cache();
+  return r;
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(nn::Model& m,
@@ -104,17 +125,19 @@ std::unique_ptr<DataParallel> make_data_parallel(nn::Model& m,
   // Ranks that disagree would build different engines and wait on each other forever: compare
   // first, and name both sides.
   const std::vector<int64_t> mine = fingerprint(m, o);
-  std::vector<int64_t> all(mine.size() * static_cast<size_t>(c->size()));
-  c->allgather(mine.data(), all.data(), mine.size(), comm::DataType::i64).wait();
-  for (int r = 0; r < c->size(); ++r) {
-    const std::vector<int64_t> theirs(all.begin() + static_cast<int64_t>(r * mine.size()),
-                                      all.begin() + static_cast<int64_t>((r + 1) * mine.size()));
-    COHORT_CHECK(theirs == std::vector<int64_t>(all.begin(),
-                                                all.begin() + static_cast<int64_t>(mine.size())),
-                 "ranks disagree on data parallelism: rank 0 runs "
-                     << describe_fingerprint(std::vector<int64_t>(
-                            all.begin(), all.begin() + static_cast<int64_t>(mine.size())))
-                     << "; rank " << r << " runs " << describe_fingerprint(theirs));
+  const size_t k = mine.size();
+  std::vector<int64_t> all(k * static_cast<size_t>(c->size()));
+  c->allgather(mine.data(), all.data(), k, comm::DataType::i64).wait();
+  auto of = [&](int r) {
+    return std::vector<int64_t>(all.begin() + static_cast<std::ptrdiff_t>(r * k),
+                                all.begin() + static_cast<std::ptrdiff_t>((r + 1) * k));
+  };
+  const std::vector<int64_t> first = of(0);
+  for (int r = 1; r < c->size(); ++r) {
+    const std::vector<int64_t> theirs = of(r);
+    COHORT_CHECK(theirs == first, "ranks disagree on data parallelism: rank 0 runs "
+                                      << describe_fingerprint(first) << "; rank " << r << " runs "
+                                      << describe_fingerprint(theirs));
   }
   if (o.shard == Shard::none) {
     auto d = std::make_unique<Ddp>(m, c, o);
@@ -166,31 +189,24 @@ void check_fits(const nn::Model& m, int world, int local_world, Shard mode, int 
   size_t largest = 0;
   for (const nn::Unit& u : m.units()) largest = std::max(largest, u.end - u.begin);
   auto estimate = [&](Shard s, std::ostringstream* os) {
-    MemoryReport r;
-    r.mode = shard_name(s);
-    r.psi = m.num_parameters();
-    r.state_bytes = state_bytes;
-    r.ranks = s == Shard::hybrid ? std::max(1, local_world) : std::max(1, world);
-    const double n = world > 1 ? r.ranks : 1;
-    const double k = state_bytes;
-    double params = 4 * psi, grads = 4 * psi, opt = k * psi, gathered = 0, comm = 0;
+    const int n = world == 1 ? 1 : s == Shard::hybrid ? std::max(1, local_world) : world;
+    const ModelState state = zero_model_state(world == 1 ? Shard::none : s, psi, state_bytes, n);
+    double gathered = 0, comm = 0;
     if (world > 1 && s != Shard::none) {
-      opt /= n;
-      if (s != Shard::zero1) grads /= n;
+      // zero3's pool: the unit in use, its gradients and the prefetched units.
       if (s == Shard::zero3 || s == Shard::hybrid) {
-        params /= n;
         gathered = 4.0 * static_cast<double>(largest) * (2 + o.max_prefetch);
       }
       comm = 4.0 * static_cast<double>(largest);
     } else if (world > 1) {
       comm = o.bucket_mb * (1 << 20);
     }
-    const double total = params + grads + opt + gathered + comm;
+    const double total = state.total() + gathered + comm;
     if (os) {
-      *os << shard_name(s) << ": parameters " << mib(static_cast<size_t>(params))
-          << " MiB, gradients " << mib(static_cast<size_t>(grads)) << " MiB, optimizer state "
-          << mib(static_cast<size_t>(opt)) << " MiB, gathered units "
-          << mib(static_cast<size_t>(gathered)) << " MiB, communication "
+      *os << shard_name(s) << ": parameters " << mib(static_cast<size_t>(state.parameters))
+          << " MiB, gradients " << mib(static_cast<size_t>(state.gradients))
+          << " MiB, optimizer state " << mib(static_cast<size_t>(state.optimizer))
+          << " MiB, gathered units " << mib(static_cast<size_t>(gathered)) << " MiB, communication "
           << mib(static_cast<size_t>(comm)) << " MiB = " << mib(static_cast<size_t>(total))
           << " MiB before activations";
     }

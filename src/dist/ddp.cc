@@ -84,24 +84,19 @@ void Ddp::zero_grad() {
   m_.zero_grad();
 }
 
-MemoryReport Ddp::memory(const nn::Optimizer& opt) const {
+MemoryReport Ddp::held() const {
   MemoryReport r;
-  r.mode = "none";
   r.ranks = comm_->size();
   r.psi = m_.num_parameters();
   const size_t flat = static_cast<size_t>(m_.flat_values().numel()) * sizeof(float);
   r.parameters = flat;
   r.gradients = flat;
-  for (auto& [name, t] : const_cast<nn::Optimizer&>(opt).state()) r.optimizer += t->bytes();
-  r.state_bytes = static_cast<int>(opt.state_bytes_per_element());
   size_t wire = 0, largest = 0;
   for (const Bucket& b : buckets_) {
     if (b.wire.defined()) wire += b.wire.bytes();
     largest = std::max(largest, (b.end - b.begin) * sizeof(float));
   }
   r.comm_buffers = wire + largest;  // the ring's scratch holds one bucket
-  r.activations = step_memory_.peak();
-  r.allocator_cache = step_memory_.cache();
   return r;
 }
 

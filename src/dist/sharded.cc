@@ -19,11 +19,6 @@ namespace {
 // for nothing: the engine gives pages back only where it frees a whole unit.)
 constexpr size_t kChunkGrain = 16;
 
-// The buffer keeps its addresses; its memory goes back to the kernel (tensor::drop_pages).
-void release_pages(float* p, size_t n) {
-  tensor::drop_pages(p, n * sizeof(float));
-}
-
 tensor::DType tensor_type(comm::DataType t) {
   return t == comm::DataType::bf16 ? tensor::DType::bf16 : tensor::DType::f16;
 }
@@ -145,9 +140,9 @@ Sharded::Sharded(nn::Model& m, std::shared_ptr<comm::Communicator> world, const 
 
   // What stays resident: zero2/3 return the full gradient buffer's pages; zero3 the values'.
   for (size_t u = 0; u < units_.size(); ++u) {
-    if (st >= 2) release_pages(grads + units_[u].begin, units_[u].len);
+    if (st >= 2) tensor::drop_pages(grads + units_[u].begin, units_[u].len * sizeof(float));
     if (st == 3) {
-      release_pages(values + units_[u].begin, units_[u].len);
+      tensor::drop_pages(values + units_[u].begin, units_[u].len * sizeof(float));
       units_[u].resident = false;
     }
   }
@@ -241,11 +236,7 @@ void Sharded::issue_gather(size_t u, bool flat) {
   s.gather = shard_->allgather(src, dst, s.chunk, comm::DataType::f32);
   s.gathering = true;
   traffic_.allgather += static_cast<double>((n_ - 1) * s.chunk * sizeof(float));
-  if (stage() == 3) {
-    gathered_now_ += s.len * sizeof(float);
-    gathered_peak_ = std::max(gathered_peak_, gathered_now_);
-    ++in_flight_;
-  }
+  if (stage() == 3) ++in_flight_;
 }
 
 void Sharded::wait_gather(size_t u) {
@@ -266,10 +257,9 @@ void Sharded::release_values(size_t u) {
     pool_.give(s.values_in);
     bind_values(u, nullptr);
   } else {
-    release_pages(m_.flat_values().data<float>() + s.begin, s.len);
+    tensor::drop_pages(m_.flat_values().data<float>() + s.begin, s.len * sizeof(float));
   }
   s.resident = false;
-  gathered_now_ -= s.len * sizeof(float);
 }
 
 void Sharded::flush_releases(int keep) {
@@ -287,7 +277,10 @@ void Sharded::flush_releases(int keep) {
 void Sharded::need(nn::Param& p) {
   const int u = unit_of_[static_cast<size_t>(p.index)];
   UnitState& s = units_[static_cast<size_t>(u)];
-  if (u == current_ && s.resident && (!backward_phase_ || s.grads_in || !pooled_grads())) return;
+  // The common case, every read after a unit's first: in place, and in backward its gradient
+  // buffer bound.
+  const bool grads_ready = !backward_phase_ || s.grads_in || !pooled_grads();
+  if (u == current_ && s.resident && grads_ready) return;
   // What the layers are done with goes first, so that its buffer serves this unit: reductions
   // that have landed, units backward has finished, and in forward the unit just left (backward
   // gathers it again).
@@ -438,7 +431,7 @@ void Sharded::complete(size_t u) {
 
 void Sharded::release_grads(size_t u) {
   UnitState& s = units_[u];
-  release_pages(m_.flat_grads().data<float>() + s.begin, s.len);
+  tensor::drop_pages(m_.flat_grads().data<float>() + s.begin, s.len * sizeof(float));
   s.grads_live = false;
   live_grads_now_ -= s.len * sizeof(float);
 }
@@ -505,20 +498,18 @@ void Sharded::broadcast_buffers() {
   dist::broadcast_buffers(m_, *world_);
 }
 
-MemoryReport Sharded::memory(const nn::Optimizer& opt) const {
+MemoryReport Sharded::held() const {
   MemoryReport r;
-  r.mode = shard_name(o_.shard);
+  r.mode = o_.shard;
   r.ranks = n_;
   r.psi = m_.num_parameters();
   const size_t flat = static_cast<size_t>(m_.flat_values().numel()) * sizeof(float);
   r.parameters = stage() == 3 ? shard_values_.bytes() : flat;
   r.gradients = stage() == 1 ? flat : shard_grads_.bytes();
-  for (auto& [name, t] : const_cast<nn::Optimizer&>(opt).state()) r.optimizer += t->bytes();
-  r.state_bytes = static_cast<int>(opt.state_bytes_per_element());
   // The pool serves gathered units and in-flight gradients alike: its peak is reported as the
   // gathered working set (zero3), or as gradients in flight (zero2).
   if (stage() == 3) {
-    r.gathered = std::max(gathered_peak_, pool_.peak_bytes());
+    r.gathered = pool_.peak_bytes();
     r.gradients_in_flight = live_grads_peak_;
   } else {
     r.gradients_in_flight = std::max(live_grads_peak_, pool_.peak_bytes());
@@ -527,8 +518,6 @@ MemoryReport Sharded::memory(const nn::Optimizer& opt) const {
   for (const UnitState& s : units_) largest = std::max(largest, s.len);
   // Ours (wire and staging) and the ring reduce-scatter's scratch, which holds one unit.
   r.comm_buffers = comm_peak_ + largest * (wire_ == comm::DataType::f32 ? 4 : 2);
-  r.activations = step_memory_.peak();
-  r.allocator_cache = step_memory_.cache();
   return r;
 }
 

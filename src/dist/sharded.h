@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "cohort/dist/data_parallel.h"
-#include "cohort/dist/step_memory.h"
 
 namespace cohort::dist {
 
@@ -66,7 +65,7 @@ class Sharded : public DataParallel, private nn::Residency {
   void gather_parameters() override;
   void broadcast_buffers() override;
   bool replicated() const override { return false; }
-  MemoryReport memory(const nn::Optimizer& opt) const override;
+  MemoryReport held() const override;
   Traffic traffic() const override { return traffic_; }
   comm::Communicator& communicator() override { return *world_; }
 
@@ -132,10 +131,8 @@ class Sharded : public DataParallel, private nn::Residency {
   UnitPool pool_;  // gathered units and units' gradients
 
   // Accounting.
-  size_t gathered_now_ = 0, gathered_peak_ = 0;
   size_t live_grads_now_ = 0, live_grads_peak_ = 0;
   size_t comm_now_ = 0, comm_peak_ = 0;
-  StepMemory step_memory_;
   Traffic traffic_;
 };
 

@@ -68,7 +68,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
     const float loss = train_step(*model, *opt, x, t, 0.01f, 0.0f, &times, dp.get(), !o.no_sync);
     ms.push_back(1e3 * seconds_since(t0));
     if (o.max_memory > 0)
-      check_memory_cap(gather_memory(dp.get(), *opt, world.get()), o.max_memory, i);
+      check_memory_cap(gather_memory(*model, dp.get(), *opt, world.get()), o.max_memory, i);
     COHORT_CHECK(std::isfinite(loss), "bench train: loss " << loss << " at step " << i);
   }
   nn::profile::enable(false);
@@ -90,7 +90,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.ms_comm_wait = 1e3 * times.comm_wait / o.steps;
   r.peak_rss = peak_rss_bytes();
   r.threads = tensor::threads();
-  const std::vector<dist::MemoryReport> memory = gather_memory(dp.get(), *opt, world.get());
+  const std::vector<dist::MemoryReport> memory = gather_memory(*model, dp.get(), *opt, world.get());
   const dist::Traffic sent = dp ? dp->traffic() : dist::Traffic();
   r.memory = memory.front();
   r.sent = sent;

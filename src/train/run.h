@@ -69,10 +69,12 @@ void write_checkpoint(const Run& r, const dist::RunPosition& at);
 dist::RunPosition position_after(const Run& r, int64_t step, int64_t epoch, int64_t in_epoch);
 
 // The memory report of every rank (collective), as the table printed and as JSON.
-std::vector<dist::MemoryReport> gather_memory(dist::DataParallel* dp, const nn::Optimizer& opt,
-                                              comm::Communicator* world);
+// One process (dp null): the model state alone, with the kernel's peak RSS.
+std::vector<dist::MemoryReport> gather_memory(const nn::Model& m, dist::DataParallel* dp,
+                                              const nn::Optimizer& opt, comm::Communicator* world);
 nlohmann::json memory_json(const std::vector<dist::MemoryReport>& ranks);
-// Stops the run with the report when a rank's accounted memory passed --max-memory.
+// Stops the run with the report when a rank's accounted memory, or the kernel's peak RSS, passed
+// --max-memory.
 void check_memory_cap(const std::vector<dist::MemoryReport>& ranks, uint64_t cap, int64_t step);
 // Optimiser state bytes per parameter element for an optimiser kind (K of the ZeRO paper).
 int state_bytes(const std::string& optimizer, float momentum);

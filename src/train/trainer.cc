@@ -142,7 +142,8 @@ TrainSummary run_training(const TrainConfig& config) {
                     static_cast<uint64_t>(images) * static_cast<uint64_t>(r.job.world),
                     r.dp ? r.dp->traffic() : dist::Traffic()});
       if (c.max_memory > 0) {
-        check_memory_cap(gather_memory(r.dp.get(), *r.opt, r.world.get()), c.max_memory, step);
+        check_memory_cap(gather_memory(*r.model, r.dp.get(), *r.opt, r.world.get()), c.max_memory,
+                         step);
       }
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0 && step < r.total) {
         write_checkpoint(r, position_after(r, step, epoch, in_epoch));
@@ -173,7 +174,8 @@ TrainSummary run_training(const TrainConfig& config) {
     r.say("train: per step: compute %.1f ms, exposed communication %.1f ms, data wait %.1f ms\n",
           meter.compute_ms(), meter.comm_ms(), meter.data_ms());
   }
-  const std::vector<dist::MemoryReport> memory = gather_memory(r.dp.get(), *r.opt, r.world.get());
+  const std::vector<dist::MemoryReport> memory =
+      gather_memory(*r.model, r.dp.get(), *r.opt, r.world.get());
   if (r.dp) {
     r.say("%s", dist::memory_table(memory).c_str());
     const dist::Traffic& t = meter.traffic();

@@ -93,7 +93,8 @@ TEST(Launch, FourRanksCheckedAllreduceBenchmark) {
 }
 
 TEST(Launch, MpirunWithoutLauncherBothBackends) {
-  ASSERT_EQ(sh("command -v mpirun").code, 0) << "mpirun missing: scripts/build installs openmpi-bin";
+  ASSERT_EQ(sh("command -v mpirun").code, 0)
+      << "mpirun missing: scripts/build installs openmpi-bin";
   for (std::string backend : {"cohort", "mpi"}) {
     auto r = sh("COHORT_BACKEND=" + backend +
                 " timeout 120 mpirun --allow-run-as-root --oversubscribe "

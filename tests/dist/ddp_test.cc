@@ -14,6 +14,7 @@
 #include "cohort/nn/layers.h"
 #include "cohort/nn/model.h"
 #include "cohort/train/trainer.h"
+#include "testing/compare.h"
 #include "testing/half_used.h"
 #include "testing/ranks.h"
 #include "testing/scans.h"
@@ -65,15 +66,7 @@ void train(nn::Model& m, nn::Optimizer& opt, Ddp* ddp, int steps, int accum, int
   }
 }
 
-double max_rel_diff(const tensor::Tensor& a, const tensor::Tensor& b) {
-  double worst = 0;
-  const float* p = a.data<float>();
-  const float* q = b.data<float>();
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    worst = std::max(worst, std::abs(p[i] - q[i]) / std::max(1e-2, std::abs(double{q[i]})));
-  }
-  return worst;
-}
+using testing::max_rel_diff;
 
 void equivalence(int world, int accum, DdpOptions o, double tol) {
   const int per_rank = kGlobal / world;

@@ -23,6 +23,7 @@
 #include "cohort/nn/layers.h"
 #include "cohort/nn/safetensors.h"
 #include "cohort/train/trainer.h"
+#include "testing/compare.h"
 #include "testing/half_used.h"
 #include "testing/ranks.h"
 #include "testing/scans.h"
@@ -92,15 +93,7 @@ void train(nn::Model& m, nn::Optimizer& opt, DataParallel& dp, const Case& k, in
   }
 }
 
-double max_rel_diff(const tensor::Tensor& a, const tensor::Tensor& b) {
-  double worst = 0;
-  const float* p = a.data<float>();
-  const float* q = b.data<float>();
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    worst = std::max(worst, std::abs(p[i] - q[i]) / std::max(1e-2, std::abs(double{q[i]})));
-  }
-  return worst;
-}
+using testing::max_rel_diff;
 
 // A trained model and its engine, which goes first (members end in reverse order).
 struct Trained {

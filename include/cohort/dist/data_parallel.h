@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cohort/comm/communicator.h"
+#include "cohort/dist/step_memory.h"
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
 
@@ -44,10 +45,19 @@ struct DdpOptions {
   bool accumulate_locally = false;
 };
 
-// Bytes per rank, by category, for the memory report: `now` after the last step, `peak` the
-// most seen in any step.
+// The ZeRO paper's model-state bytes per rank for a mode: f32 values and gradients, K bytes of
+// optimiser state per element, Psi elements, the state sharded over n ranks (the host's ranks
+// for hybrid). DDP (4, 4, K) Psi; zero1 (4, 4, K/n) Psi; zero2 (4, 4/n, K/n) Psi; zero3 and
+// hybrid (4/n, 4/n, K/n) Psi.
+struct ModelState {
+  double parameters = 0, gradients = 0, optimizer = 0;
+  double total() const { return parameters + gradients + optimizer; }
+};
+ModelState zero_model_state(Shard mode, double psi, double k, double n);
+
+// Bytes per rank, by category, for the memory report (peaks over the steps run).
 struct MemoryReport {
-  std::string mode;
+  Shard mode = Shard::none;
   int ranks = 1;        // over which the state is sharded (the host's ranks for hybrid)
   int64_t psi = 0;      // parameter elements
   int state_bytes = 0;  // optimiser state bytes per parameter element (K: 8 for AdamW)
@@ -64,9 +74,7 @@ struct MemoryReport {
     return model_state() + gathered + gradients_in_flight + activations + comm_buffers +
            allocator_cache;
   }
-  // The ZeRO paper's model-state bytes for this mode (f32 values and gradients, K bytes of
-  // optimiser state per element): DDP (4+4+K)Psi, zero1 8Psi + K Psi/N, zero2 4Psi + (4+K)Psi/N,
-  // zero3 and hybrid (8+K)Psi/N.
+  // zero_model_state's total for this report's mode, Psi, K and ranks.
   double formula() const;
 };
 
@@ -106,9 +114,17 @@ class DataParallel {
   // rank 0 alone.
   virtual bool replicated() const = 0;
 
-  virtual MemoryReport memory(const nn::Optimizer& opt) const = 0;
+  // This rank's figures: what the engine holds, the optimiser's state (from opt), and what the
+  // steps allocated (step_memory_).
+  MemoryReport memory(const nn::Optimizer& opt) const;
   virtual Traffic traffic() const = 0;
   virtual comm::Communicator& communicator() = 0;
+
+ protected:
+  // Mode, ranks, Psi, and the parameters, gradients, gathered units, gradients in flight and
+  // communication buffers the engine holds.
+  virtual MemoryReport held() const = 0;
+  StepMemory step_memory_;  // begun by zero_grad, ended by finish
 };
 
 // DDP for Shard::none, the sharded engine otherwise. Collective: every rank of c, with the same
@@ -128,7 +144,10 @@ void broadcast_buffers(nn::Model& m, comm::Communicator& c, int root = 0);
 // the gradients'.
 void sync_batch_norm(nn::Model& m, const std::shared_ptr<comm::Communicator>& c);
 
-// The memory report as a table (one column per rank) and as JSON.
+// Adds the optimiser's state to a report: its bytes, and K (bytes per element).
+void add_optimizer_state(MemoryReport& r, const nn::Optimizer& opt);
+
+// The memory report as a table (one column per rank).
 std::string memory_table(const std::vector<MemoryReport>& per_rank);
 // Before training: the model-state, gathered and communication bytes each mode would need per
 // rank (activations are measured at run time); throws, naming the modes that fit, when `mode`

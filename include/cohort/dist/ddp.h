@@ -15,7 +15,6 @@
 
 #include "cohort/comm/communicator.h"
 #include "cohort/dist/data_parallel.h"
-#include "cohort/dist/step_memory.h"
 #include "cohort/nn/model.h"
 
 namespace cohort::dist {
@@ -40,7 +39,7 @@ class Ddp : public DataParallel {
   void after_step() override {}
   void gather_parameters() override {}
   bool replicated() const override { return true; }
-  MemoryReport memory(const nn::Optimizer& opt) const override;
+  MemoryReport held() const override;
   Traffic traffic() const override;
 
   // Every rank takes rank 0's parameters and buffers.
@@ -83,7 +82,6 @@ class Ddp : public DataParallel {
   double backward_end_s_ = 0;
   nn::OptimTarget target_;
   bool synced_ = false;  // the last step's gradients were reduced
-  StepMemory step_memory_;
 };
 
 }  // namespace cohort::dist
