@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch DDP peer of `cohort launch ... cohort bench train`, at its strongest: the same
 torchvision model, batch per rank, input, threads per rank, optimizer (SGD momentum 0.9, wd 1e-4)
-and synthetic data, over the gloo backend, tuned as a reader who knows DDP would tune it:
+and synthetic data, over the gloo backend (--backend cohort: Cohort's torch.distributed backend),
+tuned as a reader who knows DDP would tune it:
   - gradient_as_bucket_view=True (no copies into the buckets), broadcast_buffers=False (Cohort
     broadcasts buffers only before evaluation, not every step); DDP's default buckets (25 MiB,
     first 1 MiB), as Cohort's;
@@ -45,7 +46,9 @@ def worker(rank, world, port, a):
     cores = torch_env.pin(local_rank, local_world) if a.pin else sorted(os.sched_getaffinity(0))
     torch.set_num_threads(a.threads)
     if world > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        if a.backend == "cohort":
+            import cohort  # noqa: F401  registers the backend (PYTHONPATH=build/python)
+        dist.init_process_group(a.backend, rank=rank, world_size=world)
     torch.manual_seed(0)
     model = getattr(torchvision.models, a.model)(num_classes=a.num_classes)
     x = torch.randn(a.batch, 3, a.image_size, a.image_size)
@@ -115,7 +118,7 @@ def worker(rank, world, port, a):
                           "optimizer_state_bytes": state_bytes,
                           "memory_format": "channels_last" if a.channels_last else "contiguous",
                           "ddp": {"gradient_as_bucket_view": True, "broadcast_buffers": False,
-                                  "backend": "gloo"} if world > 1 else None,
+                                  "backend": a.backend} if world > 1 else None,
                           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                           **torch_env.describe()}), flush=True)
     if world > 1:
@@ -140,6 +143,8 @@ def main():
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     ap.add_argument("--zero", action="store_true")
+    ap.add_argument("--backend", choices=["gloo", "cohort"], default="gloo",
+                    help="torch.distributed backend; cohort is Cohort's (python/)")
     ap.add_argument("--no-pin", dest="pin", action="store_false")
     a = ap.parse_args()
     if "RANK" in os.environ:

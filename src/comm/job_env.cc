@@ -9,8 +9,17 @@
 #include "cohort/comm/communicator.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "native_comm.h"
 
 namespace cohort::comm {
+
+std::string detail::random_token() {
+  std::random_device rd;
+  const char* hex = "0123456789abcdef";
+  std::string t;
+  for (int i = 0; i < 24; ++i) t += hex[rd() % 16];
+  return t;
+}
 
 namespace {
 
@@ -28,14 +37,6 @@ std::string first_slurm_host(const std::string& list) {
     while (i < list.size() && std::isdigit(static_cast<unsigned char>(list[i]))) out += list[i++];
   }
   return out;
-}
-
-std::string random_token() {
-  std::random_device rd;
-  const char* hex = "0123456789abcdef";
-  std::string t;
-  for (int i = 0; i < 24; ++i) t += hex[rd() % 16];
-  return t;
 }
 
 std::string alnum(const std::string& s) {
@@ -88,7 +89,7 @@ JobEnv detect_job_env() {
     j.token = env::get_or("COHORT_JOB_TOKEN", "slurm-" + alnum(job));
   } else {
     j.launcher = "single";
-    j.token = env::get_or("COHORT_JOB_TOKEN", random_token());
+    j.token = env::get_or("COHORT_JOB_TOKEN", detail::random_token());
   }
   j.store_external = env::flag("COHORT_STORE_EXTERNAL");
   if (j.world < 1) COHORT_THROW("world size must be >= 1, got " << j.world);

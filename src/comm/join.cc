@@ -33,6 +33,13 @@ std::shared_ptr<NativeComm> NativeComm::init_world(const JobEnv& env, Settings s
     server = std::make_unique<StoreServer>(bind, env.master_port, env.token);
   }
   Store store(Endpoint{env.master_addr, env.master_port}, env.token, s.timeout);
+  return join_world(std::move(store), env.rank, env.world, env.token, s, std::move(server));
+}
+
+std::shared_ptr<NativeComm> NativeComm::join_world(Store store, int rank, int world,
+                                                   const std::string& token, Settings s,
+                                                   std::unique_ptr<StoreServer> server) {
+  PeerDesc me{rank, s.host_id, static_cast<int>(::getpid())};
   // Every rank must agree on the world size, and each rank index must be claimed once.
   // A rank that finds the job inconsistent publishes why, so that the others fail with the
   // same reason instead of a bare timeout.
@@ -43,38 +50,36 @@ std::shared_ptr<NativeComm> NativeComm::init_world(const JobEnv& env, Settings s
     }
     COHORT_THROW_AS(CommError, why);
   };
-  std::string agreed = store.compare_set("world_size", "", std::to_string(env.world));
-  if (agreed != std::to_string(env.world)) {
-    refuse("rank " + std::to_string(env.rank) + " was started with world size " +
-           std::to_string(env.world) + " but other ranks registered world size " + agreed);
+  std::string agreed = store.compare_set("world_size", "", std::to_string(world));
+  if (agreed != std::to_string(world)) {
+    refuse("rank " + std::to_string(rank) + " was started with world size " +
+           std::to_string(world) + " but other ranks registered world size " + agreed);
   }
   std::string who = me.host + " pid " + std::to_string(me.pid);
-  std::string owner = store.compare_set("rank/" + std::to_string(env.rank), "", who);
+  std::string owner = store.compare_set("rank/" + std::to_string(rank), "", who);
   if (owner != who) {
-    refuse("rank " + std::to_string(env.rank) + " is claimed twice: by " + owner + " and by " +
-           who);
+    refuse("rank " + std::to_string(rank) + " is claimed twice: by " + owner + " and by " + who);
   }
-  store.set("peer/" + std::to_string(env.rank), me.host + "\n" + std::to_string(me.pid));
+  store.set("peer/" + std::to_string(rank), me.host + "\n" + std::to_string(me.pid));
   std::vector<PeerDesc> members;
   const auto deadline = Clock::now() + s.timeout;
-  for (int r = 0; r < env.world; ++r) {
+  for (int r = 0; r < world; ++r) {
     std::optional<std::string> got;
     while (!(got = store.get_for("peer/" + std::to_string(r), std::chrono::milliseconds(200)))) {
       if (auto why = store.get_for("abort", std::chrono::milliseconds(0))) {
-        COHORT_THROW_AS(CommError, "rank " << env.rank << ": the job failed to start: " << *why);
+        COHORT_THROW_AS(CommError, "rank " << rank << ": the job failed to start: " << *why);
       }
       if (Clock::now() > deadline) {
-        COHORT_THROW_AS(TimeoutError, "rank "
-                                          << env.rank << ": rank " << r << " did not join within "
-                                          << s.timeout.count() / 1000.0 << " s (COHORT_TIMEOUT)");
+        COHORT_THROW_AS(TimeoutError, "rank " << rank << ": rank " << r << " did not join within "
+                                              << s.timeout.count() / 1000.0
+                                              << " s (COHORT_TIMEOUT)");
       }
     }
     std::string v = *got;
     auto nl = v.find('\n');
     members.push_back(PeerDesc{r, v.substr(0, nl), std::atoi(v.c_str() + nl + 1)});
   }
-  auto c =
-      std::make_shared<NativeComm>(store.prefixed("w/"), env.token, "world", env.rank, members, s);
+  auto c = std::make_shared<NativeComm>(store.prefixed("w/"), token, "world", rank, members, s);
   if (server) c->keep_alive(std::move(server));
   if (s.probe) c->probe_links();
   return c;
@@ -85,6 +90,14 @@ std::shared_ptr<NativeComm> NativeComm::init_world(const JobEnv& env, Settings s
 #ifdef COHORT_HAVE_MPI
 std::shared_ptr<Communicator> make_mpi_communicator(const JobEnv& env);
 #endif
+
+std::shared_ptr<Communicator> join(Store store, int rank, int world, const InitOptions& opt) {
+  detail::Settings s = detail::Settings::from_env();
+  if (opt.timeout.count() > 0) s.timeout = opt.timeout;
+  // Whichever rank comes first proposes the token; every rank uses the one stored.
+  const std::string token = store.compare_set("token", "", detail::random_token());
+  return detail::NativeComm::join_world(std::move(store), rank, world, token, s, nullptr);
+}
 
 std::shared_ptr<Communicator> init(const InitOptions& opt) {
   JobEnv env = detect_job_env();

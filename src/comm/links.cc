@@ -43,7 +43,7 @@ LinkSet connect_links(Store& store, const std::string& token, uint64_t comm_id, 
   }
   // The TCP address is published even without TCP peers of our own, so that later
   // communicators and diagnostics can rely on it.
-  const std::string bind_host = s.socket_addr.value_or(local_address_towards(store.server().host));
+  const std::string bind_host = s.socket_addr.value_or(local_address_towards(store.host()));
   listener = std::make_unique<TcpListener>(bind_host);
   store.set("tcp/" + std::to_string(rank), listener->address());
 

@@ -57,6 +57,11 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   ~NativeComm() override;
 
   static std::shared_ptr<NativeComm> init_world(const JobEnv& env, Settings s);
+  // The world through a store that exists already: agree on the size, claim the rank, publish
+  // this process, wait for every rank. `server` (if any) is kept alive by the communicator.
+  static std::shared_ptr<NativeComm> join_world(Store store, int rank, int world,
+                                                const std::string& token, Settings s,
+                                                std::unique_ptr<StoreServer> server);
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
@@ -150,6 +155,9 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   std::thread thread_;
   std::unique_ptr<StoreServer> server_;
 };
+
+// 24 hex digits from std::random_device: a job token (job_env.cc).
+std::string random_token();
 
 }  // namespace detail
 }  // namespace cohort::comm

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/comm/store.h"
 #include "cohort/comm/types.h"
 
 namespace cohort::comm {
@@ -114,5 +115,10 @@ struct InitOptions {
 
 // Creates the world communicator from the environment (see JobEnv).
 std::shared_ptr<Communicator> init(const InitOptions& opt = {});
+
+// Joins a world through a store another framework set up (the PyTorch backend hands in torch's):
+// rank and world come from the caller, and the token that guards the links is agreed through the
+// store. Collective over the `world` ranks; always Cohort's own engine.
+std::shared_ptr<Communicator> join(Store store, int rank, int world, const InitOptions& opt = {});
 
 }  // namespace cohort::comm

@@ -223,29 +223,136 @@ void StoreServer::serve() {
   }
 }
 
-Store::Store(const Endpoint& server, const std::string& token, Millis timeout) : timeout_(timeout) {
-  conn_ = std::make_shared<Connection>();
-  conn_->server = server;
-  conn_->sock = connect_tcp(server, Clock::now() + timeout, "the rendezvous store");
-  set_nodelay(conn_->sock.fd());
-  wire::StoreRequest hello;
-  hello.cmd = wire::StoreCmd::hello;
-  hello.key = token;
-  bool to = false;
-  try {
-    call_raw(wire::encode(hello), Millis(0), &to, nullptr);
-  } catch (const CommError& e) {
-    COHORT_THROW_AS(CommError, "the rendezvous store at "
-                                   << server.str()
-                                   << " refused this process (wrong job token? start ranks with "
-                                      "cohort launch or set COHORT_JOB_TOKEN): "
-                                   << e.message());
+namespace {
+
+// The client side of StoreServer: one connection, one request at a time.
+class TcpStoreClient : public KeyValueService {
+ public:
+  TcpStoreClient(const Endpoint& server, const std::string& token, Millis timeout)
+      : server_(server) {
+    sock_ = connect_tcp(server, Clock::now() + timeout, "the rendezvous store");
+    set_nodelay(sock_.fd());
+    wire::StoreRequest hello;
+    hello.cmd = wire::StoreCmd::hello;
+    hello.key = token;
+    bool to = false;
+    try {
+      call(wire::encode(hello), Millis(0), timeout, &to, nullptr);
+    } catch (const CommError& e) {
+      COHORT_THROW_AS(CommError, "the rendezvous store at "
+                                     << server.str()
+                                     << " refused this process (wrong job token? start ranks with "
+                                        "cohort launch or set COHORT_JOB_TOKEN): "
+                                     << e.message());
+    }
   }
-}
+
+  void set(const std::string& key, const std::string& value, Millis timeout) override {
+    wire::StoreRequest r;
+    r.cmd = wire::StoreCmd::set;
+    r.key = key;
+    r.value = value;
+    bool to;
+    call(wire::encode(r), Millis(0), timeout, &to, nullptr);
+  }
+
+  std::optional<std::string> get_for(const std::string& key, Millis wait, Millis timeout) override {
+    wire::StoreRequest r;
+    r.cmd = wire::StoreCmd::get;
+    r.key = key;
+    r.timeout_ms = static_cast<uint32_t>(wait.count());
+    bool to = false;
+    std::string v = call(wire::encode(r), wait, timeout, &to, nullptr);
+    if (to) return std::nullopt;
+    return v;
+  }
+
+  int64_t add(const std::string& key, int64_t delta, Millis timeout) override {
+    wire::StoreRequest r;
+    r.cmd = wire::StoreCmd::add;
+    r.key = key;
+    r.delta = delta;
+    bool to;
+    int64_t n = 0;
+    call(wire::encode(r), Millis(0), timeout, &to, &n);
+    return n;
+  }
+
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired, Millis timeout) override {
+    wire::StoreRequest r;
+    r.cmd = wire::StoreCmd::compare_set;
+    r.key = key;
+    r.expected = expected;
+    r.value = desired;
+    bool to;
+    return call(wire::encode(r), Millis(0), timeout, &to, nullptr);
+  }
+
+  bool wait(const std::vector<std::string>& keys, Millis wait) override {
+    wire::StoreRequest r;
+    r.cmd = wire::StoreCmd::wait;
+    r.keys = keys;
+    r.timeout_ms = static_cast<uint32_t>(wait.count());
+    bool to = false;
+    call(wire::encode(r), wait, wait, &to, nullptr);  // the reply may come as late as wait
+    return !to;
+  }
+
+  void erase(const std::string& key, Millis timeout) override {
+    wire::StoreRequest r;
+    r.cmd = wire::StoreCmd::erase;
+    r.key = key;
+    bool to;
+    call(wire::encode(r), Millis(0), timeout, &to, nullptr);
+  }
+
+  std::string host() const override { return server_.host; }
+
+ private:
+  // Sends one request and reads its reply, within wait + timeout.
+  std::string call(const std::string& frame, Millis wait, Millis timeout, bool* timed_out,
+                   int64_t* number) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string peer = "the rendezvous store at " + server_.str();
+    auto deadline = Clock::now() + wait + timeout;
+    if (!sock_.valid()) COHORT_THROW_AS(CommError, peer << " connection is closed");
+    try {
+      sock_.write_all(frame.data(), frame.size(), deadline, peer);
+      uint32_t len = 0;
+      sock_.read_all(&len, 4, deadline, peer);
+      if (len > wire::kMaxFrame) COHORT_THROW_AS(CommError, peer << " sent an oversized reply");
+      std::string body(len, '\0');
+      sock_.read_all(body.data(), len, deadline, peer);
+      auto rep = wire::parse_store_reply(reinterpret_cast<const uint8_t*>(body.data()), len);
+      *timed_out = rep.status == wire::StoreStatus::timeout;
+      if (number) *number = rep.number;
+      return rep.value;
+    } catch (const TimeoutError&) {
+      sock_.close();  // the stream is out of step now
+      throw;
+    } catch (const wire::WireError& e) {
+      sock_.close();
+      COHORT_THROW_AS(CommError, peer << " sent a malformed reply: " << e.message());
+    }
+  }
+
+  Endpoint server_;
+  std::mutex mu_;
+  Socket sock_;
+};
+
+}  // namespace
+
+Store::Store(const Endpoint& server, const std::string& token, Millis timeout)
+    : service_(std::make_shared<TcpStoreClient>(server, token, timeout)), timeout_(timeout) {}
+
+Store::Store(std::shared_ptr<KeyValueService> service, Millis timeout)
+    : service_(std::move(service)), timeout_(timeout) {}
 
 Store Store::prefixed(const std::string& prefix) const {
   Store s;
-  s.conn_ = conn_;
+  s.service_ = service_;
   s.prefix_ = prefix_ + prefix;
   s.timeout_ = timeout_;
   return s;
@@ -257,50 +364,12 @@ Store Store::with_timeout(Millis timeout) const {
   return s;
 }
 
-std::string Store::call_raw(const std::string& frame, Millis wait, bool* timed_out,
-                            int64_t* number) {
-  std::lock_guard<std::mutex> lock(conn_->mu);
-  const std::string peer = "the rendezvous store at " + conn_->server.str();
-  auto deadline = Clock::now() + wait + timeout_;
-  if (!conn_->sock.valid()) COHORT_THROW_AS(CommError, peer << " connection is closed");
-  try {
-    conn_->sock.write_all(frame.data(), frame.size(), deadline, peer);
-    uint32_t len = 0;
-    conn_->sock.read_all(&len, 4, deadline, peer);
-    if (len > wire::kMaxFrame) COHORT_THROW_AS(CommError, peer << " sent an oversized reply");
-    std::string body(len, '\0');
-    conn_->sock.read_all(body.data(), len, deadline, peer);
-    auto rep = wire::parse_store_reply(reinterpret_cast<const uint8_t*>(body.data()), len);
-    *timed_out = rep.status == wire::StoreStatus::timeout;
-    if (number) *number = rep.number;
-    return rep.value;
-  } catch (const TimeoutError&) {
-    conn_->sock.close();  // the stream is out of step now
-    throw;
-  } catch (const wire::WireError& e) {
-    conn_->sock.close();
-    COHORT_THROW_AS(CommError, peer << " sent a malformed reply: " << e.message());
-  }
-}
-
 void Store::set(const std::string& key, const std::string& value) {
-  wire::StoreRequest r;
-  r.cmd = wire::StoreCmd::set;
-  r.key = prefix_ + key;
-  r.value = value;
-  bool to;
-  call_raw(wire::encode(r), Millis(0), &to, nullptr);
+  service_->set(prefix_ + key, value, timeout_);
 }
 
 std::optional<std::string> Store::get_for(const std::string& key, Millis wait) {
-  wire::StoreRequest r;
-  r.cmd = wire::StoreCmd::get;
-  r.key = prefix_ + key;
-  r.timeout_ms = static_cast<uint32_t>(wait.count());
-  bool to = false;
-  std::string v = call_raw(wire::encode(r), wait, &to, nullptr);
-  if (to) return std::nullopt;
-  return v;
+  return service_->get_for(prefix_ + key, wait, timeout_);
 }
 
 std::string Store::get(const std::string& key) {
@@ -313,35 +382,18 @@ std::string Store::get(const std::string& key) {
 }
 
 int64_t Store::add(const std::string& key, int64_t delta) {
-  wire::StoreRequest r;
-  r.cmd = wire::StoreCmd::add;
-  r.key = prefix_ + key;
-  r.delta = delta;
-  bool to;
-  int64_t n = 0;
-  call_raw(wire::encode(r), Millis(0), &to, &n);
-  return n;
+  return service_->add(prefix_ + key, delta, timeout_);
 }
 
 std::string Store::compare_set(const std::string& key, const std::string& expected,
                                const std::string& desired) {
-  wire::StoreRequest r;
-  r.cmd = wire::StoreCmd::compare_set;
-  r.key = prefix_ + key;
-  r.expected = expected;
-  r.value = desired;
-  bool to;
-  return call_raw(wire::encode(r), Millis(0), &to, nullptr);
+  return service_->compare_set(prefix_ + key, expected, desired, timeout_);
 }
 
 void Store::wait(const std::vector<std::string>& keys) {
-  wire::StoreRequest r;
-  r.cmd = wire::StoreCmd::wait;
-  for (const auto& k : keys) r.keys.push_back(prefix_ + k);
-  r.timeout_ms = static_cast<uint32_t>(timeout_.count());
-  bool to = false;
-  call_raw(wire::encode(r), timeout_, &to, nullptr);
-  if (to) {
+  std::vector<std::string> full;
+  for (const auto& k : keys) full.push_back(prefix_ + k);
+  if (!service_->wait(full, timeout_)) {
     COHORT_THROW_AS(TimeoutError, "waited " << timeout_.count() / 1000.0 << " s for " << keys.size()
                                             << " store keys (first: '" << prefix_ + keys.at(0)
                                             << "')");
@@ -349,11 +401,7 @@ void Store::wait(const std::vector<std::string>& keys) {
 }
 
 void Store::erase(const std::string& key) {
-  wire::StoreRequest r;
-  r.cmd = wire::StoreCmd::erase;
-  r.key = prefix_ + key;
-  bool to;
-  call_raw(wire::encode(r), Millis(0), &to, nullptr);
+  service_->erase(prefix_ + key, timeout_);
 }
 
 }  // namespace cohort::comm

@@ -1,0 +1,574 @@
+// ProcessGroupCohort's calls: checks with messages that name the op and both sides of a mismatch,
+// staging of tensors that are not contiguous, and the completion thread.
+#include "process_group.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "cohort/core/error.h"
+#include "torch_store.h"
+
+namespace cohort::python {
+
+namespace {
+
+using comm::DataType;
+
+// How Cohort sees a tensor's elements. Ops that only move data take every dtype, as bytes.
+struct Elements {
+  DataType type;
+  size_t count;
+};
+
+Elements elements(const at::Tensor& t, const char* op, bool reducing) {
+  const auto n = static_cast<size_t>(t.numel());
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return {DataType::f32, n};
+    case at::kDouble:
+      return {DataType::f64, n};
+    case at::kHalf:
+      return {DataType::f16, n};
+    case at::kBFloat16:
+      return {DataType::bf16, n};
+    case at::kInt:
+      return {DataType::i32, n};
+    case at::kLong:
+      return {DataType::i64, n};
+    case at::kByte:
+      return {DataType::u8, n};
+    default:
+      TORCH_CHECK(!reducing, "cohort: ", op, " cannot reduce ", t.scalar_type(),
+                  " tensors; Cohort reduces float32, float64, float16, bfloat16, int32, int64 "
+                  "and uint8");
+      return {DataType::u8, n * t.element_size()};
+  }
+}
+
+comm::RedOp redop(const c10d::ReduceOp& op, const char* name) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return comm::RedOp::sum;
+    case c10d::ReduceOp::AVG:
+      return comm::RedOp::avg;
+    case c10d::ReduceOp::PRODUCT:
+      return comm::RedOp::prod;
+    case c10d::ReduceOp::MIN:
+      return comm::RedOp::min;
+    case c10d::ReduceOp::MAX:
+      return comm::RedOp::max;
+    default:
+      TORCH_CHECK(false, "cohort: ", name, " does not support ReduceOp ", static_cast<int>(op.op_),
+                  " (BAND, BOR, BXOR or PREMUL_SUM); Cohort reduces with SUM, AVG, PRODUCT, MIN "
+                  "and MAX");
+  }
+}
+
+void check_tensor(const at::Tensor& t, const char* op) {
+  TORCH_CHECK(t.device().is_cpu(), "cohort: ", op, " got a tensor on ", t.device(),
+              "; this build of the cohort backend handles CPU tensors (use nccl for GPU tensors)");
+  TORCH_CHECK(t.layout() == at::kStrided, "cohort: ", op, " got a ", t.layout(),
+              " tensor; only dense tensors are supported");
+}
+
+const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* op) {
+  TORCH_CHECK(ts.size() == 1, "cohort: ", op, " takes one tensor per process, got ", ts.size());
+  check_tensor(ts[0], op);
+  return ts[0];
+}
+
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type() && a.numel() == b.numel(), "cohort: ", op, ": ",
+              what, " has ", b.numel(), " ", b.scalar_type(), " elements, the input ", a.numel(),
+              " ", a.scalar_type());
+}
+
+void check_root(int64_t root, int size, const char* op) {
+  TORCH_CHECK(root >= 0 && root < size, "cohort: ", op, ": root rank ", root,
+              " is outside this group of ", size);
+}
+
+// Where Cohort writes: the tensor itself when contiguous, else a buffer that `finish` copies back.
+at::Tensor writable(const at::Tensor& t) {
+  return t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous);
+}
+
+void copy_back(at::Tensor& user, const at::Tensor& staged) {
+  if (!user.is_same(staged)) user.copy_(staged);
+}
+
+// Rows of a contiguous buffer of `blocks` equal blocks: block i as a flat view.
+at::Tensor block(const at::Tensor& flat, int64_t i, int64_t n) {
+  return flat.narrow(0, i * n, n);
+}
+
+// Cohort's call, with its error reported as the torch op's.
+template <typename F>
+comm::Work issue(const char* op, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cohort: ", op, ": ", e.what());
+  }
+}
+
+}  // namespace
+
+CohortWork::CohortWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type), outputs_(std::move(outputs)) {
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+
+void CohortWork::complete(std::exception_ptr error) {
+  finish(error);
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+ProcessGroupCohort::ProcessGroupCohort(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                       int size, std::chrono::milliseconds timeout)
+    : c10d::ProcessGroup(rank, size) {
+  comm::InitOptions opt;
+  opt.timeout = timeout;
+  try {
+    comm_ = comm::join(comm::Store(std::make_shared<TorchStore>(store), timeout), rank, size, opt);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cohort: rank ", rank, " of ", size, " could not join: ", e.what());
+  }
+  completer_ = std::thread([this] { complete_in_order(); });
+}
+
+ProcessGroupCohort::~ProcessGroupCohort() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  completer_.join();  // every call issued completes or fails within the timeout
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::submit(c10d::OpType type, Tensors outputs, Pending p) {
+  p.work = c10::make_intrusive<CohortWork>(getRank(), type, std::move(outputs));
+  Work w = p.work;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(std::move(p));
+  }
+  cv_.notify_one();
+  return w;
+}
+
+// Cohort runs calls in issue order, so waiting on the oldest first never waits needlessly.
+void ProcessGroupCohort::complete_in_order() {
+  for (;;) {
+    Pending p;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+      if (pending_.empty()) return;
+      p = std::move(pending_.front());
+      pending_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      for (auto& c : p.calls) c.wait();
+      if (p.finish) p.finish();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    p.keep.clear();
+    p.work->complete(error);
+  }
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::broadcast(Tensors& tensors,
+                                                       const c10d::BroadcastOptions& opts) {
+  const char* op = "broadcast";
+  at::Tensor t = single(tensors, op);
+  check_root(opts.rootRank, getSize(), op);
+  const Elements e = elements(t, op, false);
+  at::Tensor b = t.contiguous();
+  Pending p;
+  p.calls.push_back(issue(op, [&] {
+    return comm_->broadcast(b.data_ptr(), b.data_ptr(), e.count, e.type,
+                            static_cast<int>(opts.rootRank));
+  }));
+  p.keep = {b};
+  p.finish = [t, b]() mutable { copy_back(t, b); };
+  return submit(c10d::OpType::BROADCAST, {t}, std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::allreduce(Tensors& tensors,
+                                                       const c10d::AllreduceOptions& opts) {
+  const char* op = "allreduce";
+  at::Tensor t = single(tensors, op);
+  const Elements e = elements(t, op, true);
+  const comm::RedOp r = redop(opts.reduceOp, op);
+  at::Tensor b = t.contiguous();
+  Pending p;
+  p.calls.push_back(
+      issue(op, [&] { return comm_->allreduce(b.data_ptr(), b.data_ptr(), e.count, e.type, r); }));
+  p.keep = {b};
+  p.finish = [t, b]() mutable { copy_back(t, b); };
+  return submit(c10d::OpType::ALLREDUCE, {t}, std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::allreduce_coalesced(
+    Tensors& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const char* op = "allreduce_coalesced";
+  TORCH_CHECK(!tensors.empty(), "cohort: ", op, " got no tensors");
+  for (const auto& t : tensors) {
+    check_tensor(t, op);
+    TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "cohort: ", op,
+                " needs one dtype; got ", tensors[0].scalar_type(), " and ", t.scalar_type());
+  }
+  const comm::RedOp r = redop(opts.reduceOp, op);
+  std::vector<at::Tensor> flat;
+  for (const auto& t : tensors) flat.push_back(t.reshape(-1));
+  at::Tensor b = at::cat(flat);
+  const Elements e = elements(b, op, true);
+  Pending p;
+  p.calls.push_back(
+      issue(op, [&] { return comm_->allreduce(b.data_ptr(), b.data_ptr(), e.count, e.type, r); }));
+  p.keep = {b};
+  p.finish = [tensors, b]() mutable {
+    int64_t at = 0;
+    for (auto& t : tensors) {
+      t.copy_(b.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  };
+  return submit(c10d::OpType::ALLREDUCE_COALESCED, tensors, std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::reduce(Tensors& tensors,
+                                                    const c10d::ReduceOptions& opts) {
+  const char* op = "reduce";
+  at::Tensor t = single(tensors, op);
+  check_root(opts.rootRank, getSize(), op);
+  const Elements e = elements(t, op, true);
+  const comm::RedOp r = redop(opts.reduceOp, op);
+  at::Tensor b = t.contiguous();
+  const int root = static_cast<int>(opts.rootRank);
+  Pending p;
+  p.calls.push_back(issue(
+      op, [&] { return comm_->reduce(b.data_ptr(), b.data_ptr(), e.count, e.type, r, root); }));
+  p.keep = {b};
+  if (getRank() == root) p.finish = [t, b]() mutable { copy_back(t, b); };
+  return submit(c10d::OpType::REDUCE, {t}, std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::allgather(std::vector<Tensors>& outputs,
+                                                       Tensors& inputs,
+                                                       const c10d::AllgatherOptions&) {
+  const char* op = "allgather";
+  const at::Tensor& in = single(inputs, op);
+  TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(getSize()),
+              "cohort: ", op, " needs one list of ", getSize(), " output tensors");
+  for (const auto& o : outputs[0]) {
+    check_tensor(o, op);
+    check_same(in, o, op, "an output tensor");
+  }
+  const Elements e = elements(in, op, false);
+  at::Tensor src = in.contiguous();
+  at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
+  Pending p;
+  p.calls.push_back(issue(
+      op, [&] { return comm_->allgather(src.data_ptr(), flat.data_ptr(), e.count, e.type); }));
+  p.keep = {src, flat};
+  Tensors outs = outputs[0];
+  p.finish = [outs, flat, n = in.numel()]() mutable {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      outs[i].copy_(block(flat, static_cast<int64_t>(i), n).view(outs[i].sizes()));
+    }
+  };
+  return submit(c10d::OpType::ALLGATHER, outputs[0], std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                             const c10d::AllgatherOptions&) {
+  const char* op = "allgather_into_tensor";
+  check_tensor(input, op);
+  check_tensor(output, op);
+  TORCH_CHECK(
+      output.scalar_type() == input.scalar_type() && output.numel() == getSize() * input.numel(),
+      "cohort: ", op, ": the output has ", output.numel(), " ", output.scalar_type(),
+      " elements; it needs ", getSize(), " x ", input.numel(), " ", input.scalar_type());
+  const Elements e = elements(input, op, false);
+  at::Tensor src = input.contiguous();
+  at::Tensor dst = writable(output);
+  Pending p;
+  p.calls.push_back(
+      issue(op, [&] { return comm_->allgather(src.data_ptr(), dst.data_ptr(), e.count, e.type); }));
+  p.keep = {src, dst};
+  p.finish = [output, dst]() mutable { copy_back(output, dst); };
+  return submit(c10d::OpType::_ALLGATHER_BASE, {output}, std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::gather(std::vector<Tensors>& outputs, Tensors& inputs,
+                                                    const c10d::GatherOptions& opts) {
+  const char* op = "gather";
+  const at::Tensor& in = single(inputs, op);
+  check_root(opts.rootRank, getSize(), op);
+  const int root = static_cast<int>(opts.rootRank);
+  const bool is_root = getRank() == root;
+  Tensors outs;
+  if (is_root) {
+    TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(getSize()),
+                "cohort: ", op, " needs one list of ", getSize(), " output tensors on the root");
+    outs = outputs[0];
+    for (const auto& o : outs) {
+      check_tensor(o, op);
+      check_same(in, o, op, "an output tensor");
+    }
+  } else {
+    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "cohort: ", op, ": only the root (rank ",
+                root, ") takes output tensors");
+  }
+  const Elements e = elements(in, op, false);
+  at::Tensor src = in.contiguous();
+  at::Tensor flat = is_root ? at::empty({getSize() * in.numel()}, in.options()) : at::Tensor();
+  Pending p;
+  p.calls.push_back(issue(op, [&] {
+    return comm_->gather(src.data_ptr(), is_root ? flat.data_ptr() : nullptr, e.count, e.type,
+                         root);
+  }));
+  p.keep = {src};
+  if (is_root) {
+    p.keep.push_back(flat);
+    p.finish = [outs, flat, n = in.numel()]() mutable {
+      for (size_t i = 0; i < outs.size(); ++i) {
+        outs[i].copy_(block(flat, static_cast<int64_t>(i), n).view(outs[i].sizes()));
+      }
+    };
+  }
+  return submit(c10d::OpType::GATHER, outs, std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::scatter(Tensors& outputs, std::vector<Tensors>& inputs,
+                                                     const c10d::ScatterOptions& opts) {
+  const char* op = "scatter";
+  at::Tensor out = single(outputs, op);
+  check_root(opts.rootRank, getSize(), op);
+  const int root = static_cast<int>(opts.rootRank);
+  const bool is_root = getRank() == root;
+  at::Tensor flat;
+  if (is_root) {
+    TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(getSize()),
+                "cohort: ", op, " needs one list of ", getSize(), " input tensors on the root");
+    std::vector<at::Tensor> rows;
+    for (const auto& i : inputs[0]) {
+      check_tensor(i, op);
+      check_same(out, i, op, "an input tensor");
+      rows.push_back(i.reshape(-1));
+    }
+    flat = at::cat(rows);
+  } else {
+    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "cohort: ", op, ": only the root (rank ", root,
+                ") takes input tensors");
+  }
+  const Elements e = elements(out, op, false);
+  at::Tensor dst = writable(out);
+  Pending p;
+  p.calls.push_back(issue(op, [&] {
+    return comm_->scatter(is_root ? flat.data_ptr() : nullptr, dst.data_ptr(), e.count, e.type,
+                          root);
+  }));
+  p.keep = {dst};
+  if (is_root) p.keep.push_back(flat);
+  p.finish = [out, dst]() mutable { copy_back(out, dst); };
+  return submit(c10d::OpType::SCATTER, {out}, std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::reduce_scatter(
+    Tensors& outputs, std::vector<Tensors>& inputs, const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter";
+  at::Tensor out = single(outputs, op);
+  TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(getSize()),
+              "cohort: ", op, " needs one list of ", getSize(), " input tensors");
+  std::vector<at::Tensor> rows;
+  for (const auto& i : inputs[0]) {
+    check_tensor(i, op);
+    check_same(out, i, op, "an input tensor");
+    rows.push_back(i.reshape(-1));
+  }
+  const Elements e = elements(out, op, true);
+  const comm::RedOp r = redop(opts.reduceOp, op);
+  at::Tensor flat = at::cat(rows);
+  at::Tensor dst = writable(out);
+  Pending p;
+  p.calls.push_back(issue(op, [&] {
+    return comm_->reduce_scatter(flat.data_ptr(), dst.data_ptr(), e.count, e.type, r);
+  }));
+  p.keep = {flat, dst};
+  p.finish = [out, dst]() mutable { copy_back(out, dst); };
+  return submit(c10d::OpType::REDUCE_SCATTER, {out}, std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor";
+  check_tensor(input, op);
+  check_tensor(output, op);
+  TORCH_CHECK(
+      output.scalar_type() == input.scalar_type() && input.numel() == getSize() * output.numel(),
+      "cohort: ", op, ": the input has ", input.numel(), " ", input.scalar_type(),
+      " elements; it needs ", getSize(), " x ", output.numel(), " ", output.scalar_type());
+  const Elements e = elements(output, op, true);
+  const comm::RedOp r = redop(opts.reduceOp, op);
+  at::Tensor src = input.contiguous();
+  at::Tensor dst = writable(output);
+  Pending p;
+  p.calls.push_back(issue(op, [&] {
+    return comm_->reduce_scatter(src.data_ptr(), dst.data_ptr(), e.count, e.type, r);
+  }));
+  p.keep = {src, dst};
+  p.finish = [output, dst]() mutable { copy_back(output, dst); };
+  return submit(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(p));
+}
+
+// The blocks differ per peer: every rank learns the largest block of the whole exchange (one
+// 8-byte allreduce, waited on here), sends blocks padded to it, and keeps each received block's
+// head. Costs up to size x the largest block; equal splits take the direct path.
+ProcessGroupCohort::Work ProcessGroupCohort::padded_alltoall(
+    const char* op, c10d::OpType type, Tensors outputs, const std::vector<at::Tensor>& send_blocks,
+    const std::vector<at::Tensor>& recv_blocks) {
+  const int n = getSize();
+  const at::ScalarType dtype = send_blocks.at(0).scalar_type();
+  int64_t largest = 0;
+  for (const auto& b : send_blocks) largest = std::max(largest, b.numel());
+  for (const auto& b : recv_blocks) largest = std::max(largest, b.numel());
+  issue(op, [&] {
+    auto w = comm_->allreduce(&largest, &largest, 1, DataType::i64, comm::RedOp::max);
+    w.wait();
+    return w;
+  });
+  at::Tensor sendbuf = at::zeros({n * largest}, at::TensorOptions().dtype(dtype));
+  for (int j = 0; j < n; ++j) {
+    const auto& b = send_blocks[static_cast<size_t>(j)];
+    sendbuf.narrow(0, j * largest, b.numel()).copy_(b.reshape(-1));
+  }
+  at::Tensor recvbuf = at::empty({n * largest}, at::TensorOptions().dtype(dtype));
+  const Elements e = elements(block(sendbuf, 0, largest), op, false);
+  Pending p;
+  p.calls.push_back(issue(op, [&] {
+    return comm_->alltoall(sendbuf.data_ptr(), recvbuf.data_ptr(), e.count, e.type);
+  }));
+  p.keep = {sendbuf, recvbuf};
+  p.finish = [recv_blocks, recvbuf, largest]() mutable {
+    for (size_t i = 0; i < recv_blocks.size(); ++i) {
+      auto& dst = recv_blocks[i];
+      dst.copy_(
+          recvbuf.narrow(0, static_cast<int64_t>(i) * largest, dst.numel()).view(dst.sizes()));
+    }
+  };
+  return submit(type, std::move(outputs), std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                           std::vector<int64_t>& output_splits,
+                                                           std::vector<int64_t>& input_splits,
+                                                           const c10d::AllToAllOptions&) {
+  const char* op = "alltoall_base";
+  check_tensor(input, op);
+  check_tensor(output, op);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "cohort: ", op, ": the output is ",
+              output.scalar_type(), ", the input ", input.scalar_type());
+  const int n = getSize();
+  if (output_splits.empty() && input_splits.empty()) {
+    TORCH_CHECK(input.numel() == output.numel() && input.numel() % n == 0, "cohort: ", op,
+                ": equal splits need input and output of one size divisible by ", n, "; got ",
+                input.numel(), " and ", output.numel());
+    const Elements e = elements(input, op, false);
+    at::Tensor src = input.contiguous();
+    at::Tensor dst = writable(output);
+    Pending p;
+    p.calls.push_back(issue(op, [&] {
+      return comm_->alltoall(src.data_ptr(), dst.data_ptr(), e.count / static_cast<size_t>(n),
+                             e.type);
+    }));
+    p.keep = {src, dst};
+    p.finish = [output, dst]() mutable { copy_back(output, dst); };
+    return submit(c10d::OpType::ALLTOALL_BASE, {output}, std::move(p));
+  }
+  // Splits count rows along dim 0; an empty list means equal rows.
+  auto cut = [&](const at::Tensor& t, std::vector<int64_t> splits, const char* side) {
+    TORCH_CHECK(t.dim() >= 1, "cohort: ", op, ": the ", side, " tensor has no dim 0 to split");
+    if (splits.empty()) {
+      TORCH_CHECK(t.size(0) % n == 0, "cohort: ", op, ": the ", side, " tensor's ", t.size(0),
+                  " rows do not split evenly into ", n);
+      splits.assign(static_cast<size_t>(n), t.size(0) / n);
+    }
+    TORCH_CHECK(splits.size() == static_cast<size_t>(n), "cohort: ", op, ": ", splits.size(), " ",
+                side, " splits for a group of ", n);
+    int64_t rows = 0;
+    for (int64_t s : splits) rows += s;
+    TORCH_CHECK(rows == t.size(0), "cohort: ", op, ": the ", side, " splits sum to ", rows,
+                " rows; the tensor has ", t.size(0));
+    std::vector<at::Tensor> blocks;
+    int64_t at = 0;
+    for (int64_t s : splits) {
+      blocks.push_back(t.narrow(0, at, s));
+      at += s;
+    }
+    return blocks;
+  };
+  return padded_alltoall(op, c10d::OpType::ALLTOALL_BASE, {output},
+                         cut(input, input_splits, "input"), cut(output, output_splits, "output"));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::alltoall(Tensors& outputs, Tensors& inputs,
+                                                      const c10d::AllToAllOptions&) {
+  const char* op = "alltoall";
+  const auto n = static_cast<size_t>(getSize());
+  TORCH_CHECK(outputs.size() == n && inputs.size() == n, "cohort: ", op, " needs ", n,
+              " input and ", n, " output tensors; got ", inputs.size(), " and ", outputs.size());
+  for (const auto* list : {&inputs, &outputs}) {
+    for (const auto& t : *list) {
+      check_tensor(t, op);
+      TORCH_CHECK(t.scalar_type() == inputs[0].scalar_type(), "cohort: ", op,
+                  " needs one dtype; got ", inputs[0].scalar_type(), " and ", t.scalar_type());
+    }
+  }
+  return padded_alltoall(op, c10d::OpType::ALLTOALL, outputs, inputs, outputs);
+}
+
+// Tags are accepted; messages between two ranks match in the order they were sent.
+ProcessGroupCohort::Work ProcessGroupCohort::send(Tensors& tensors, int dst_rank, int) {
+  const char* op = "send";
+  const at::Tensor& t = single(tensors, op);
+  check_root(dst_rank, getSize(), op);
+  at::Tensor src = t.contiguous();
+  const Elements e = elements(src, op, false);
+  Pending p;
+  p.calls.push_back(
+      issue(op, [&] { return comm_->send(src.data_ptr(), e.count, e.type, dst_rank); }));
+  p.keep = {src};
+  return submit(c10d::OpType::SEND, {t}, std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::recv(Tensors& tensors, int src_rank, int) {
+  const char* op = "recv";
+  at::Tensor t = single(tensors, op);
+  check_root(src_rank, getSize(), op);
+  at::Tensor dst = writable(t);
+  const Elements e = elements(dst, op, false);
+  Pending p;
+  p.calls.push_back(
+      issue(op, [&] { return comm_->recv(dst.data_ptr(), e.count, e.type, src_rank); }));
+  p.keep = {dst};
+  p.finish = [t, dst]() mutable { copy_back(t, dst); };
+  return submit(c10d::OpType::RECV, {t}, std::move(p));
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::barrier(const c10d::BarrierOptions&) {
+  Pending p;
+  p.calls.push_back(issue("barrier", [&] { return comm_->barrier(); }));
+  return submit(c10d::OpType::BARRIER, {}, std::move(p));
+}
+
+}  // namespace cohort::python

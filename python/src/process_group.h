@@ -1,0 +1,95 @@
+// ProcessGroupCohort: torch.distributed's ProcessGroup over a Cohort communicator. Each torch call
+// is checked and issued at once as one Cohort call (a padded alltoall also agrees its block size
+// first); a completion thread waits on the calls in issue order, copies results into tensors
+// that were not contiguous, and completes the torch Work and its Future, which PyTorch DDP's
+// reducer waits on.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "cohort/comm/communicator.h"
+
+namespace cohort::python {
+
+class CohortWork : public c10d::Work {
+ public:
+  CohortWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  // Called once, by the completion thread: null on success, else Cohort's error.
+  void complete(std::exception_ptr error);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+class ProcessGroupCohort : public c10d::ProcessGroup {
+ public:
+  // Joins through `store` (collective over the `size` ranks); `timeout` bounds every call.
+  ProcessGroupCohort(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout);
+  ~ProcessGroupCohort() override;
+
+  const std::string getBackendName() const override { return "cohort"; }
+  std::string describe() const { return comm_->describe(); }
+
+  using Tensors = std::vector<at::Tensor>;
+  using Work = c10::intrusive_ptr<c10d::Work>;
+  Work broadcast(Tensors& tensors, const c10d::BroadcastOptions& opts) override;
+  Work allreduce(Tensors& tensors, const c10d::AllreduceOptions& opts) override;
+  Work allreduce_coalesced(Tensors& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  Work reduce(Tensors& tensors, const c10d::ReduceOptions& opts) override;
+  Work allgather(std::vector<Tensors>& outputs, Tensors& inputs,
+                 const c10d::AllgatherOptions& opts) override;
+  Work _allgather_base(at::Tensor& output, at::Tensor& input,
+                       const c10d::AllgatherOptions& opts) override;
+  Work gather(std::vector<Tensors>& outputs, Tensors& inputs,
+              const c10d::GatherOptions& opts) override;
+  Work scatter(Tensors& outputs, std::vector<Tensors>& inputs,
+               const c10d::ScatterOptions& opts) override;
+  Work reduce_scatter(Tensors& outputs, std::vector<Tensors>& inputs,
+                      const c10d::ReduceScatterOptions& opts) override;
+  Work _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                            const c10d::ReduceScatterOptions& opts) override;
+  Work alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+                     std::vector<int64_t>& input_splits,
+                     const c10d::AllToAllOptions& opts) override;
+  Work alltoall(Tensors& outputs, Tensors& inputs, const c10d::AllToAllOptions& opts) override;
+  Work send(Tensors& tensors, int dst_rank, int tag) override;
+  Work recv(Tensors& tensors, int src_rank, int tag) override;
+  Work barrier(const c10d::BarrierOptions& opts) override;
+
+ private:
+  // One torch call in flight: its Cohort calls, the tensors they read and write (kept alive),
+  // what to copy out once they finished, and the torch Work to complete.
+  struct Pending {
+    std::vector<comm::Work> calls;
+    Tensors keep;
+    std::function<void()> finish;
+    c10::intrusive_ptr<CohortWork> work;
+  };
+  Work submit(c10d::OpType type, Tensors outputs, Pending p);
+  // alltoall with a different block per peer: agree on the largest block, pad, exchange.
+  Work padded_alltoall(const char* op, c10d::OpType type, Tensors outputs,
+                       const std::vector<at::Tensor>& send_blocks,
+                       const std::vector<at::Tensor>& recv_blocks);
+  void complete_in_order();
+
+  std::shared_ptr<comm::Communicator> comm_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  bool stopping_ = false;
+  std::thread completer_;
+};
+
+}  // namespace cohort::python
