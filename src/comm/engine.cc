@@ -263,6 +263,24 @@ void Engine::exchange_n(const Call& c, const SendOp* sends, size_t ns, const Rec
     return moved || k > 0;
   };
 
+  // Transfers whose every link can be waited on (TCP, UCX) and that still run after 1 ms are
+  // bound by the link, not by latency: from then on an idle pass waits in poll() instead of
+  // spinning. Measured: PyTorch DDP through the torch backend over two emulated hosts at
+  // 1 Gbit/s, where spinning progress threads took the cores from backward.
+  const bool waitable = std::all_of(ts.begin(), ts.begin() + static_cast<long>(nts),
+                                    [](const Transfer& t) { return t.link->wait_fd() >= 0; });
+  const auto started = Clock::now();
+  bool link_bound = false;
+  auto poll_links = [&] {
+    std::vector<pollfd> fds;
+    for (size_t i = 0; i < nts; ++i) {
+      if (ts[i].active && !ts[i].finished) {
+        fds.push_back(
+            {ts[i].link->wait_fd(), static_cast<short>(ts[i].send ? POLLOUT : POLLIN), 0});
+      }
+    }
+    ::poll(fds.data(), fds.size(), 1);
+  };
   Clock::time_point idle_since;
   unsigned idle = 0;
   while (remaining > 0) {
@@ -287,6 +305,13 @@ void Engine::exchange_n(const Call& c, const SendOp* sends, size_t ns, const Rec
       for (size_t i = 0; i < nts; ++i) ts[i].link->flush();
     }
     ++idle;
+    if (idle == 1 && waitable && !link_bound) {
+      link_bound = Clock::now() - started > std::chrono::milliseconds(1);
+    }
+    if (link_bound && idle < settings_.spin) {  // no spinning, no yielding
+      for (size_t i = 0; i < nts; ++i) ts[i].link->flush();
+      idle = settings_.spin;
+    }
     if (idle < settings_.spin) {
       _mm_pause();
       continue;
@@ -295,18 +320,10 @@ void Engine::exchange_n(const Call& c, const SendOp* sends, size_t ns, const Rec
     // Ranks may outnumber cores: give the core away instead of spinning.
     if ((idle & 63) == 0) check_while_idle(desc, idle_since);
     auto waited = Clock::now() - idle_since;
-    if (waited < std::chrono::milliseconds(2)) {
+    if (waited < std::chrono::milliseconds(2) && !link_bound) {
       sched_yield();
-    } else if (std::all_of(ts.begin(), ts.begin() + static_cast<long>(nts),
-                           [](const Transfer& t) { return t.link->wait_fd() >= 0; })) {
-      std::vector<pollfd> fds;
-      for (size_t i = 0; i < nts; ++i) {
-        if (ts[i].active && !ts[i].finished) {
-          fds.push_back(
-              {ts[i].link->wait_fd(), static_cast<short>(ts[i].send ? POLLOUT : POLLIN), 0});
-        }
-      }
-      ::poll(fds.data(), fds.size(), 1);
+    } else if (waitable) {
+      poll_links();
     } else {
       ::usleep(waited < std::chrono::milliseconds(50) ? 20 : 200);
     }
