@@ -64,6 +64,7 @@ struct Pipeline::Slot {
     if (data) free_batch(data, pinned);
   }
   size_t batch = SIZE_MAX;
+  bool held = false;  // handed to the consumer and not yet released
   int count = 0;
   int done = 0;
   std::vector<size_t> indices;
@@ -84,24 +85,38 @@ Pipeline::Pipeline(std::shared_ptr<const Source> source, PipelineOptions opt)
   COHORT_CHECK(opt_.workers >= 1 && opt_.workers <= 256, "workers " << opt_.workers);
   COHORT_CHECK(opt_.prefetch >= 1 && opt_.prefetch <= 64, "prefetch " << opt_.prefetch);
   COHORT_CHECK(opt_.size >= 1 && opt_.size <= 16384, "size " << opt_.size);
-  // Channels come from the first sample's header, so every batch has one shape.
+  // Channels come from the first readable sample's header, so every batch has one shape.
+  // Unreadable samples before it are skipped here as the workers will skip them (or refused).
   std::vector<uint8_t> first;
-  ImageInfo info = probe(source_->bytes(0, first), source_->name(0));
+  ImageInfo info;
+  for (size_t i = 0;; ++i) {
+    try {
+      info = probe(source_->bytes(i, first), source_->name(i));
+      break;
+    } catch (const Error& e) {
+      if (opt_.fail_on_corrupt || i + 1 >= source_->size()) throw;
+      COHORT_LOG(warn,
+                 "cannot read " << source_->name(i) << " for the batch shape: " << e.message());
+    }
+  }
   channels_ = opt_.channels == 3 ? 3 : info.channels;
   const size_t elem = opt_.out == OutType::f32 ? 4 : opt_.out == OutType::bf16 ? 2 : 1;
   sample_bytes_ = static_cast<size_t>(channels_) * opt_.size * opt_.size * elem;
-  const size_t batch_bytes = (sample_bytes_ * opt_.batch + 63) & ~size_t(63);
-  for (int i = 0; i < opt_.prefetch + 1; ++i) {
-    auto s = std::make_unique<Slot>();
-    s->data = alloc_batch(batch_bytes, &s->pinned);
-    if (!s->data) COHORT_THROW("cannot allocate " << batch_bytes << " bytes for a batch");
-    pinned_ = s->pinned;
-    s->indices.resize(static_cast<size_t>(opt_.batch));
-    s->hashes.resize(static_cast<size_t>(opt_.batch));
-    s->valid.resize(static_cast<size_t>(opt_.batch));
-    slots_.push_back(std::move(s));
-  }
+  batch_bytes_ = (sample_bytes_ * opt_.batch + 63) & ~size_t(63);
+  for (int i = 0; i < opt_.prefetch + 1; ++i) add_slot();
   for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+}
+
+void Pipeline::add_slot() {
+  auto s = std::make_unique<Slot>();
+  s->data = alloc_batch(batch_bytes_, &s->pinned);
+  if (!s->data) COHORT_THROW("cannot allocate " << batch_bytes_ << " bytes for a batch");
+  pinned_ = s->pinned;
+  s->indices.resize(static_cast<size_t>(opt_.batch));
+  s->hashes.resize(static_cast<size_t>(opt_.batch));
+  s->valid.resize(static_cast<size_t>(opt_.batch));
+  free_.push_back(s.get());
+  slots_.push_back(std::move(s));
 }
 
 Pipeline::~Pipeline() {
@@ -131,29 +146,43 @@ void Pipeline::start_epoch(uint64_t epoch, size_t from) {
   order_ = sampler_.indices(epoch, from);
   epoch_ = epoch;
   next_task_ = 0;
-  consumed_ = 0;
-  handed_ = false;
+  handed_next_ = 0;
   num_batches_ =
       (order_.size() + static_cast<size_t>(opt_.batch) - 1) / static_cast<size_t>(opt_.batch);
-  for (auto& s : slots_) s->batch = SIZE_MAX;
+  // A batch next() handed out is given back; batches acquired and not released stay held.
+  if (last_auto_) slots_[*last_auto_]->held = false;
+  last_auto_.reset();
+  free_.clear();
+  for (auto& s : slots_) {
+    s->batch = SIZE_MAX;
+    if (!s->held) free_.push_back(s.get());
+  }
+  batch_slot_.assign(num_batches_, nullptr);
   lock.unlock();
   work_cv_.notify_all();
 }
 
 void Pipeline::worker_loop() {
   const size_t B = static_cast<size_t>(opt_.batch);
-  const size_t nslots = slots_.size();
   while (true) {
     size_t t;
+    Slot* slot;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      // Batches are claimed in order; a batch's first task takes a free slot for it.
       work_cv_.wait(lock, [&] {
-        return stop_ || (next_task_ < order_.size() && next_task_ / B < consumed_ + nslots);
+        return stop_ || (next_task_ < order_.size() &&
+                         (batch_slot_[next_task_ / B] != nullptr || !free_.empty()));
       });
       if (stop_) return;
       t = next_task_++;
       const size_t k = t / B;
-      Slot& s = *slots_[k % nslots];
+      if (!batch_slot_[k]) {
+        batch_slot_[k] = free_.back();
+        free_.pop_back();
+      }
+      slot = batch_slot_[k];
+      Slot& s = *slot;
       if (t % B == 0) {  // the first task of a batch prepares its slot
         s.batch = k;
         s.done = 0;
@@ -164,7 +193,7 @@ void Pipeline::worker_loop() {
     }
     std::exception_ptr err;
     try {
-      run_task(t);
+      run_task(t, *slot);
     } catch (...) {
       err = std::current_exception();
     }
@@ -176,7 +205,7 @@ void Pipeline::worker_loop() {
       std::lock_guard<std::mutex> lock(mu_);
       --inflight_;
       if (err && !error_) error_ = err;
-      Slot& s = *slots_[(t / B) % nslots];
+      Slot& s = *slot;
       if (s.batch == t / B) ++s.done;
       wake = err || (s.batch == t / B && s.done == s.count) || inflight_ == 0;
     }
@@ -184,11 +213,10 @@ void Pipeline::worker_loop() {
   }
 }
 
-void Pipeline::run_task(size_t t) {
+void Pipeline::run_task(size_t t, Slot& s) {
   const size_t B = static_cast<size_t>(opt_.batch);
   const size_t idx = order_[t];
   const size_t j = t % B;
-  Slot& s = *slots_[(t / B) % slots_.size()];
   const std::string name = source_->name(idx);
   CounterRng rng(key3(opt_.seed, epoch_, idx));
   const int S = opt_.size;
@@ -313,21 +341,50 @@ void Pipeline::run_task(size_t t) {
 }
 
 bool Pipeline::next(Batch* out) {
+  if (last_auto_) release(*last_auto_);  // the previous batch's buffer goes back to the workers
+  last_auto_ = acquire(out);
+  return last_auto_.has_value();
+}
+
+void Pipeline::release(size_t ticket) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Slot& s = *slots_.at(ticket);
+    COHORT_CHECK(s.held, "batch buffer " << ticket << " released twice");
+    s.held = false;
+    s.batch = SIZE_MAX;
+    free_.push_back(&s);
+    if (last_auto_ == ticket) last_auto_.reset();
+  }
+  work_cv_.notify_all();
+}
+
+std::optional<size_t> Pipeline::acquire(Batch* out) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (handed_) {  // the previous batch's buffer goes back to the workers
-    ++consumed_;
-    handed_ = false;
+  if (handed_next_ >= num_batches_) return std::nullopt;
+  const size_t k = handed_next_;
+  if (!batch_slot_[k] && free_.empty()) {
+    // Every buffer is held by the consumer (tensors still alive): one more, so that the
+    // pipeline goes on; memory then grows with what the consumer keeps, not with the data.
+    add_slot();
+    if (slots_.size() == static_cast<size_t>(opt_.prefetch) + 2) {
+      COHORT_LOG(info, "the consumer holds all " << slots_.size() - 1
+                                                 << " batch buffers; the pipeline adds more as "
+                                                    "needed");
+    }
     work_cv_.notify_all();
   }
-  if (consumed_ >= num_batches_) return false;
-  const size_t k = consumed_;
-  Slot& s = *slots_[k % slots_.size()];
   int ready = 0;
-  for (auto& sl : slots_)
-    ready += (sl->batch != SIZE_MAX && sl->batch >= k && sl->done == sl->count);
+  for (size_t b = k;
+       b < num_batches_ && batch_slot_[b] && batch_slot_[b]->done == batch_slot_[b]->count; ++b)
+    ++ready;
   auto t0 = Clock::now();
-  ready_cv_.wait(lock, [&] { return error_ || stop_ || (s.batch == k && s.done == s.count); });
+  ready_cv_.wait(lock, [&] {
+    return error_ || stop_ || (batch_slot_[k] && batch_slot_[k]->done == batch_slot_[k]->count);
+  });
   if (error_) std::rethrow_exception(error_);
+  if (stop_) return std::nullopt;
+  Slot& s = *batch_slot_[k];
   const double waited = seconds_since(t0);
   // Skipped samples leave holes: close them up so the batch is dense.
   int n = 0;
@@ -355,13 +412,16 @@ bool Pipeline::next(Batch* out) {
   out->indices.assign(s.indices.begin(), s.indices.begin() + n);
   out->sample_hashes.assign(s.hashes.begin(), s.hashes.begin() + n);
   out->bytes = sample_bytes_ * static_cast<size_t>(n);
-  handed_ = true;
+  s.held = true;
+  ++handed_next_;
+  size_t ticket = 0;
+  while (slots_[ticket].get() != &s) ++ticket;
   std::lock_guard<std::mutex> sl(stats_mu_);
   ++stats_.batches;
   stats_.consumer_wait_s += waited;
   queue_sum_ += ready;
   stats_.mean_queue = queue_sum_ / static_cast<double>(stats_.batches);
-  return true;
+  return ticket;
 }
 
 PipelineStats Pipeline::stats() const {

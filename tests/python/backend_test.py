@@ -447,8 +447,21 @@ def case_mismatch(rank, world, pg, gloo):
     raise AssertionError("mismatched calls went unnoticed")
 
 
+def case_loader_shards(rank, world, pg, gloo):
+    """cohort.data.Loader under torch.distributed: this rank's shard, chosen by the loader."""
+    import hashlib
+
+    from cohort.data import Loader
+
+    loader = Loader(os.environ["COHORT_TEST_DS"], batch_size=8, image_size=32, workers=2, seed=3)
+    assert (loader.rank, loader.world) == (rank, world), (loader.rank, loader.world)
+    for images, _ in loader:
+        for x in images:
+            print("sample", hashlib.sha1(x.contiguous().numpy().tobytes()).hexdigest())
+
+
 CASES = {"ops": case_ops, "checks": case_checks, "training": case_training,
-         "killed": case_killed, "mismatch": case_mismatch}
+         "killed": case_killed, "mismatch": case_mismatch, "loader_shards": case_loader_shards}
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":

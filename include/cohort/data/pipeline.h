@@ -80,6 +80,10 @@ class Pipeline {
   void start_epoch(uint64_t epoch, size_t from = 0);
   // The next batch of the epoch, valid until the next call; false at the end of the epoch.
   bool next(Batch* out);
+  // The next batch, valid until release(ticket), across epochs; nullopt at the end of the epoch.
+  // Held batches keep their buffers; when the consumer holds every buffer, one more is added.
+  std::optional<size_t> acquire(Batch* out);
+  void release(size_t ticket);
   PipelineStats stats() const;
   const Sampler& sampler() const { return sampler_; }
   size_t batches_per_epoch() const;
@@ -88,8 +92,9 @@ class Pipeline {
 
  private:
   struct Slot;
+  void add_slot();
   void worker_loop();
-  void run_task(size_t task);
+  void run_task(size_t task, Slot& slot);
   void stop_workers();
 
   std::shared_ptr<const Source> source_;
@@ -97,18 +102,21 @@ class Pipeline {
   Sampler sampler_;
   int channels_ = 0;
   size_t sample_bytes_ = 0;
+  size_t batch_bytes_ = 0;
   bool pinned_ = false;
 
   std::mutex mu_;
   std::condition_variable work_cv_, ready_cv_;
-  std::vector<std::unique_ptr<Slot>> slots_;  // prefetch + 1 batch buffers
+  std::vector<std::unique_ptr<Slot>> slots_;  // prefetch + 1 batch buffers, more if held
+  std::vector<Slot*> free_;                   // slots neither filled nor held
+  std::vector<Slot*> batch_slot_;             // the slot of each batch of the epoch, once claimed
   std::vector<size_t> order_;                 // this rank's indices for the epoch
   uint64_t epoch_ = 0;
-  size_t next_task_ = 0;      // next (batch, sample) to claim
-  size_t consumed_ = 0;       // batches the consumer has given back
-  bool handed_ = false;       // the consumer holds batch consumed_
-  int inflight_ = 0;          // tasks being run by workers
-  std::exception_ptr error_;  // a worker's failure (policy fail), rethrown by next()
+  size_t next_task_ = 0;             // next (batch, sample) to claim
+  size_t handed_next_ = 0;           // the next batch to hand to the consumer
+  std::optional<size_t> last_auto_;  // the slot next() handed out last
+  int inflight_ = 0;                 // tasks being run by workers
+  std::exception_ptr error_;         // a worker's failure (policy fail), rethrown by next()
   size_t num_batches_ = 0;
   bool stop_ = false;
   std::vector<std::thread> threads_;
