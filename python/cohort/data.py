@@ -31,8 +31,9 @@ class Loader:
     path: ImageFolder, CSV list or shard folder. train: random-resized-crop and the
     augmentations below; otherwise resize the shorter side to `resize`, then center-crop.
     Augmentations (train only): hflip, vflip (each with probability 0.5 when on), crop_scale
-    (smallest area fraction of the random crop), brightness and contrast (jitter amplitudes,
-    0 = off). Flips are off by default: scans are not mirror-symmetric (a chest X-ray with the
+    (smallest area fraction of the random crop), crop_ratio (its aspect ratio range), rotation
+    (a random turn within +- degrees, corners black), brightness and contrast (jitter
+    amplitudes, 0 = off). Flips are off by default: scans are not mirror-symmetric (a chest X-ray with the
     heart on the right is another finding), and neither are digits.
     window: (center, width) for DICOM, overriding the files' own. channels: 3 repeats gray.
     dtype: torch.float32, torch.bfloat16 or torch.uint8 (uint8 is not normalised).
@@ -43,7 +44,8 @@ class Loader:
 
     def __init__(self, path, batch_size, image_size=224, workers=2, seed=0, train=True, *,
                  prefetch=2, shuffle=None, drop_last=False, resize=None, hflip=False,
-                 vflip=False, crop_scale=0.08, brightness=0.0, contrast=0.0, window=None,
+                 vflip=False, crop_scale=0.08, crop_ratio=(3 / 4, 4 / 3), rotation=0.0,
+                 brightness=0.0, contrast=0.0, window=None,
                  channels=0, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
                  dtype=torch.float32, channels_last=False, multilabel=False,
                  fail_on_corrupt=False, accurate_idct=False, rank=None, world=None):
@@ -61,6 +63,8 @@ class Loader:
         o.drop_last = drop_last
         o.resize = resize if resize is not None else int(image_size * 256 / 224)
         o.hflip, o.vflip, o.crop_scale_min = hflip, vflip, crop_scale
+        o.crop_ratio_min, o.crop_ratio_max = float(crop_ratio[0]), float(crop_ratio[1])
+        o.rotation = float(rotation)
         o.brightness, o.contrast = brightness, contrast
         o.channels, o.mean, o.std = channels, list(mean), list(std)
         o.fail_on_corrupt = fail_on_corrupt

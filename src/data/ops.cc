@@ -201,6 +201,35 @@ void flip_vertical(float* p, int channels, int h, int w) {
   }
 }
 
+void rotate(float* p, int channels, int h, int w, double degrees, std::vector<float>& scratch) {
+  const double a = degrees * 3.14159265358979323846 / 180.0;
+  const double ca = std::cos(a), sa = std::sin(a);
+  const double cx = (w - 1) / 2.0, cy = (h - 1) / 2.0;
+  const size_t n = static_cast<size_t>(h) * w;
+  scratch.resize(n);
+  for (int c = 0; c < channels; ++c) {
+    float* plane = p + static_cast<size_t>(c) * n;
+    std::copy(plane, plane + n, scratch.begin());
+    const float* src = scratch.data();
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        // The source point that lands here: the output point turned back by the angle.
+        const double dx = x - cx, dy = y - cy;
+        const double sx = ca * dx - sa * dy + cx, sy = sa * dx + ca * dy + cy;
+        const int x0 = static_cast<int>(std::floor(sx)), y0 = static_cast<int>(std::floor(sy));
+        const float fx = static_cast<float>(sx - x0), fy = static_cast<float>(sy - y0);
+        auto at = [&](int xx, int yy) {
+          return xx < 0 || yy < 0 || xx >= w || yy >= h ? 0.f
+                                                        : src[static_cast<size_t>(yy) * w + xx];
+        };
+        const float top = at(x0, y0) * (1 - fx) + at(x0 + 1, y0) * fx;
+        const float bottom = at(x0, y0 + 1) * (1 - fx) + at(x0 + 1, y0 + 1) * fx;
+        plane[static_cast<size_t>(y) * w + x] = top * (1 - fy) + bottom * fy;
+      }
+    }
+  }
+}
+
 void brightness_contrast(float* p, int channels, int h, int w, float brightness, float contrast) {
   const size_t n = static_cast<size_t>(h) * w;
   for (int c = 0; c < channels; ++c) {

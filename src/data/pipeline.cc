@@ -85,6 +85,10 @@ Pipeline::Pipeline(std::shared_ptr<const Source> source, PipelineOptions opt)
   COHORT_CHECK(opt_.workers >= 1 && opt_.workers <= 256, "workers " << opt_.workers);
   COHORT_CHECK(opt_.prefetch >= 1 && opt_.prefetch <= 64, "prefetch " << opt_.prefetch);
   COHORT_CHECK(opt_.size >= 1 && opt_.size <= 16384, "size " << opt_.size);
+  COHORT_CHECK(opt_.crop_ratio_min > 0 && opt_.crop_ratio_min <= opt_.crop_ratio_max,
+               "crop aspect ratio range [" << opt_.crop_ratio_min << ", " << opt_.crop_ratio_max
+                                           << "]");
+  COHORT_CHECK(opt_.rotation >= 0 && opt_.rotation <= 180, "rotation " << opt_.rotation);
   // Channels come from the first readable sample's header, so every batch has one shape.
   // Unreadable samples before it are skipped here as the workers will skip them (or refused).
   std::vector<uint8_t> first;
@@ -232,7 +236,8 @@ void Pipeline::run_task(size_t t, Slot& s) {
     if (sniff(bytes.data(), bytes.size()) == Format::dicom) dicom.emplace(bytes, name);
     const ImageInfo info = dicom ? dicom->info() : probe(bytes, name);
     CropBox box = opt_.train
-                      ? random_resized_crop_box(info.width, info.height, rng, opt_.crop_scale_min)
+                      ? random_resized_crop_box(info.width, info.height, rng, opt_.crop_scale_min,
+                                                1.0, opt_.crop_ratio_min, opt_.crop_ratio_max)
                       : resize_center_crop_box(info.width, info.height, opt_.resize, S);
     Image img;
     CropBox sbox = box;  // the crop in the decoded image's pixels
@@ -275,6 +280,10 @@ void Pipeline::run_task(size_t t, Slot& s) {
       const bool v = opt_.vflip && rng.uniform() < 0.5;
       if (h) flip_horizontal(p, C, S, S);
       if (v) flip_vertical(p, C, S, S);
+      if (opt_.rotation > 0) {  // drawn only when on: other runs keep their random streams
+        thread_local std::vector<float> scratch;
+        rotate(p, C, S, S, rng.uniform(-opt_.rotation, opt_.rotation), scratch);
+      }
       if (opt_.brightness > 0 || opt_.contrast > 0) {
         const float maxv = img.bits == 16 ? 65535.f : 255.f;
         float b = static_cast<float>(rng.uniform(-opt_.brightness, opt_.brightness)) * maxv;

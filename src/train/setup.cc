@@ -23,6 +23,14 @@ data::PipelineOptions pipeline_options(const TrainConfig& c, bool train, int wor
   po.seed = c.seed;
   po.train = train;
   po.crop_scale_min = c.crop_scale;
+  po.crop_ratio_min = c.crop_ratio_min;
+  po.crop_ratio_max = c.crop_ratio_max;
+  po.hflip = c.hflip;
+  po.vflip = c.vflip;
+  po.rotation = c.rotation;
+  po.brightness = c.brightness;
+  po.contrast = c.contrast;
+  if (c.window_width > 0) po.window = data::Window{c.window_center, c.window_width};
   po.resize = c.image_size;  // validation sees the whole (square) scan
   po.layout = data::Layout::nhwc;
   po.out = data::OutType::f32;
@@ -31,6 +39,12 @@ data::PipelineOptions pipeline_options(const TrainConfig& c, bool train, int wor
   po.rank = rank;
   po.shuffle = train;
   return po;
+}
+
+std::string fmt_number(double v) {
+  char s[32];
+  std::snprintf(s, sizeof(s), "%g", v);
+  return s;
 }
 
 void announce(const Run& r) {
@@ -55,6 +69,17 @@ void announce(const Run& r) {
     }
   }
   r.say("train: precision %s\n", r.precision_note.c_str());
+  r.say(
+      "train: augmentation: random-resized-crop scale [%g, 1] ratio [%g, %g], horizontal flip "
+      "%s, vertical flip %s, rotation %s, brightness %g, contrast %g, DICOM window %s\n",
+      c.crop_scale, c.crop_ratio_min, c.crop_ratio_max, c.hflip ? "on" : "off",
+      c.vflip ? "on" : "off",
+      c.rotation > 0 ? ("+-" + fmt_number(c.rotation) + " degrees").c_str() : "off",
+      c.brightness, c.contrast,
+      c.window_width > 0
+          ? ("center " + fmt_number(c.window_center) + " width " + fmt_number(c.window_width))
+                .c_str()
+          : "each file's own");
   if (c.lr_scaling == LrScaling::linear) {
     r.say(
         "train: lr %g x global batch %lld / %d = %g (linear scaling rule), warmup %lld steps, "

@@ -181,3 +181,23 @@ TEST(Ops, FlipsAndJitter) {
   brightness_contrast(p.data(), 1, 2, 3, 1.0f, 2.0f);  // mean 3.5
   EXPECT_FLOAT_EQ(p[0], (6 - 3.5f) * 2 + 3.5f + 1);
 }
+
+TEST(Ops, RotationTurnsAboutTheCentreAndFillsCornersWithBlack) {
+  // 1 channel, 4 x 4, value = 10 * row + column.
+  std::vector<float> p(16), scratch;
+  for (int i = 0; i < 16; ++i) p[i] = static_cast<float>(10 * (i / 4) + i % 4);
+  std::vector<float> q = p;
+  rotate(q.data(), 1, 4, 4, 0.0, scratch);
+  EXPECT_EQ(q, p);
+  // A quarter turn counter-clockwise: output (row y, column x) comes from (row x, column 3 - y).
+  rotate(q.data(), 1, 4, 4, 90.0, scratch);
+  for (int y = 0; y < 4; ++y) {
+    for (int x = 0; x < 4; ++x) EXPECT_NEAR(q[y * 4 + x], p[x * 4 + (3 - y)], 1e-4) << y << x;
+  }
+  // 45 degrees: the corners come from outside the image and are black; the centre stays.
+  std::vector<float> ones(64, 1.f);
+  rotate(ones.data(), 1, 8, 8, 45.0, scratch);
+  EXPECT_EQ(ones[0], 0.f);
+  EXPECT_EQ(ones[63], 0.f);
+  EXPECT_NEAR(ones[3 * 8 + 3], 1.f, 1e-6);
+}

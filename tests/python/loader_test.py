@@ -117,6 +117,9 @@ class LoaderTest(unittest.TestCase):
         flipped = [torch.equal(on[i], off[i].flip(-1)) for i in range(8)]
         same = [torch.equal(on[i], off[i]) for i in range(8)]
         self.assertTrue(any(flipped) and all(f or s for f, s in zip(flipped, same)))
+        turned = next(iter(self.loader(crop_scale=1.0, rotation=20)))[0]
+        self.assertFalse(torch.equal(turned, off))
+        self.assertEqual(turned.shape, off.shape)
 
     def test_corrupt_files_are_skipped_and_counted_or_refused(self):
         ds = os.path.join(self.tmp, "corrupt")

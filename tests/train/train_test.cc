@@ -134,6 +134,44 @@ TrainConfig tiny_scan_run(TempDir& dir) {
   return c;
 }
 
+// Every augmentation is a switch: the log says which are in effect, and turning them on changes
+// what the model sees (the first step's loss), where the defaults (no flip, no rotation, no
+// jitter) give the same first loss run after run.
+TEST(Training, AugmentationSwitchesAreLoggedAndApplied) {
+  TempDir dir;
+  TrainConfig c = tiny_scan_run(dir);
+  c.max_steps = 1;
+  auto first_loss = [&](const char* name, std::string* out) {
+    c.json = dir.file(name);
+    ::testing::internal::CaptureStdout();
+    run_training(c);
+    *out = ::testing::internal::GetCapturedStdout();
+    return nlohmann::json::parse(std::ifstream(c.json))["steps"][0]["loss"].get<double>();
+  };
+  std::string off, again, on;
+  const double l_off = first_loss("off.json", &off);
+  EXPECT_NE(off.find("augmentation: random-resized-crop scale [0.08, 1] ratio [0.75, 1.33333], "
+                     "horizontal flip off, vertical flip off, rotation off, brightness 0, "
+                     "contrast 0, DICOM window each file's own"),
+            std::string::npos)
+      << off;
+  EXPECT_EQ(first_loss("again.json", &again), l_off);
+  c.hflip = c.vflip = true;
+  c.rotation = 15;
+  c.brightness = 0.2f;
+  c.contrast = 0.3f;
+  c.crop_ratio_min = 0.5f;
+  c.crop_ratio_max = 2.0f;
+  c.window_center = 100;
+  c.window_width = 200;
+  const double l_on = first_loss("on.json", &on);
+  EXPECT_NE(on.find("ratio [0.5, 2], horizontal flip on, vertical flip on, rotation +-15 degrees, "
+                    "brightness 0.2, contrast 0.3"),
+            std::string::npos)
+      << on;
+  EXPECT_NE(l_on, l_off);
+}
+
 // The scaler's rules, one by one: an overflow (beyond f16's 65504, inf or NaN) skips the step
 // and halves the scale without touching the gradients; a good step divides them back; after
 // `growth_interval` good steps in a row the scale doubles; disabled, nothing changes.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "cohort/core/rng.h"
 #include "cohort/data/image.h"
@@ -29,6 +30,10 @@ void resize_crop(const Image& src, CropBox box, int out_w, int out_h, float* out
 
 void flip_horizontal(float* planes, int channels, int height, int width);
 void flip_vertical(float* planes, int channels, int height, int width);
+// Turns each plane by `degrees` (counter-clockwise as displayed) about its centre, bilinear;
+// corners that come from outside the image are 0 (black), as torchvision's RandomRotation.
+void rotate(float* planes, int channels, int height, int width, double degrees,
+            std::vector<float>& scratch);
 // x = (x - mean) * contrast + mean + brightness, per channel (mean of the channel).
 void brightness_contrast(float* planes, int channels, int height, int width, float brightness,
                          float contrast);

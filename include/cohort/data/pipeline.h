@@ -32,9 +32,11 @@ struct PipelineOptions {
   uint64_t seed = 0;
   bool train = true;             // random-resized-crop + flips; otherwise resize + center crop
   double crop_scale_min = 0.08;  // random-resized-crop's smallest area fraction
+  double crop_ratio_min = 3.0 / 4, crop_ratio_max = 4.0 / 3;  // its aspect ratio range
   int resize = 256;              // eval: shorter side before the center crop
   bool hflip = true;
   bool vflip = false;
+  double rotation = 0;                              // random turn within +-degrees (0: off)
   float brightness = 0, contrast = 0;               // jitter amplitudes (0: off)
   int channels = 0;                                 // 0: as decoded; 3: gray repeated to 3 channels
   std::vector<float> mean{0.485f, 0.456f, 0.406f};  // applied to values scaled to [0, 1]

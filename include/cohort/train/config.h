@@ -34,7 +34,15 @@ struct TrainConfig {
   int lr_reference_batch = 256;
   float label_smoothing = 0;
   int image_size = 224;
+  // Augmentation (docs/training.md). Defaults suit scans: no flips (anatomy is not
+  // mirror-symmetric), no rotation and no intensity jitter (scans are acquired upright and
+  // their intensities carry meaning), torchvision's random-resized-crop.
   float crop_scale = 0.08f;  // random-resized-crop's smallest area fraction
+  float crop_ratio_min = 0.75f, crop_ratio_max = 4.0f / 3;
+  bool hflip = false, vflip = false;
+  float rotation = 0;                // degrees, +-
+  float brightness = 0, contrast = 0;  // jitter amplitudes
+  float window_center = 0, window_width = 0;  // DICOM window; width 0: each file's own
   int in_channels = 0;       // 0: as the data decodes
   int num_classes = 0;       // 0: from the data's labels
   bool multilabel = false;   // BCE over findings instead of softmax over classes
