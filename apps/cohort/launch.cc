@@ -153,6 +153,10 @@ Run add_launch(CLI::App& app) {
       master.port = server->port();
     }
     const int world = o->nnodes * o->nproc;
+    // The port for PyTorch's own TCPStore (MASTER_PORT): on one node a free one; across nodes,
+    // which must agree without asking, the store's port + 1.
+    uint16_t torch_port = static_cast<uint16_t>(master.port + 1);
+    if (o->nnodes == 1) torch_port = comm::local_port(comm::listen_tcp(master.host, 0));
 
     struct sigaction sa {};
     sa.sa_handler = on_signal;
@@ -196,7 +200,10 @@ Run add_launch(CLI::App& app) {
         setenv("LOCAL_WORLD_SIZE", std::to_string(o->nproc).c_str(), 1);
         setenv("GROUP_RANK", std::to_string(o->node_rank).c_str(), 1);
         setenv("MASTER_ADDR", master.host.c_str(), 1);
-        setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
+        // Cohort's ranks reach the launcher's store on COHORT_STORE_PORT; MASTER_PORT is left
+        // to PyTorch's own TCPStore (its rank 0 binds it) for torch scripts.
+        setenv("COHORT_STORE_PORT", std::to_string(master.port).c_str(), 1);
+        setenv("MASTER_PORT", std::to_string(torch_port).c_str(), 1);
         setenv("COHORT_JOB_TOKEN", token.c_str(), 1);
         setenv("COHORT_STORE_EXTERNAL", "1", 1);
         if (o->nproc > 1) setenv("OMP_NUM_THREADS", "1", 0);

@@ -5,6 +5,9 @@
     import cohort, torch.distributed as dist
     dist.init_process_group("cohort")   # under torchrun, cohort launch, mpirun or srun
 
+It runs under torchrun, `cohort launch`, mpirun and srun: under the last two, importing cohort
+fills in torch's RANK, WORLD_SIZE, MASTER_ADDR, ... from Open MPI's or Slurm's variables.
+
 It covers CPU tensors: allreduce (SUM, AVG, PRODUCT, MIN, MAX), allreduce_coalesced, broadcast,
 reduce, all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all,
 all_to_all_single (with splits), gather, scatter, barrier, send and recv.
@@ -25,6 +28,25 @@ _os.environ.setdefault("COHORT_SPIN", "1")
 from ._C import ProcessGroupCohort
 
 __all__ = ["ProcessGroupCohort"]
+
+
+def _fill_torch_env():
+    """Under mpirun or srun, which set no torchrun variables, torch's env:// rendezvous finds
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from Open MPI's or
+    Slurm's, as Cohort's own ranks read them (docs/comm.md); variables already set win."""
+    if "RANK" in _os.environ:
+        return
+    job = _C.job_env()
+    if job["launcher"] not in ("mpirun", "slurm"):
+        return
+    for key, value in (("RANK", job["rank"]), ("WORLD_SIZE", job["world"]),
+                       ("LOCAL_RANK", job["local_rank"]),
+                       ("LOCAL_WORLD_SIZE", job["local_world"]),
+                       ("MASTER_ADDR", job["master_addr"]), ("MASTER_PORT", job["master_port"])):
+        _os.environ.setdefault(key, str(value))
+
+
+_fill_torch_env()
 
 
 def _create_process_group(store, rank, world_size, timeout):

@@ -21,6 +21,23 @@ PYBIND11_MODULE(_C, m) {
       .def("describe", &cohort::python::ProcessGroupCohort::describe,
            "the backend, its transports and its algorithm policy");
 
+  m.def(
+      "job_env",
+      [] {
+        const cohort::comm::JobEnv j = cohort::comm::detect_job_env();
+        py::dict d;
+        d["rank"] = j.rank;
+        d["world"] = j.world;
+        d["local_rank"] = j.local_rank;
+        d["local_world"] = j.local_world;
+        d["master_addr"] = j.master_addr;
+        d["master_port"] = j.master_port;
+        d["launcher"] = j.launcher;
+        return d;
+      },
+      "who this process is in its job, as Cohort reads it (torchrun, cohort launch, Open MPI, "
+      "Slurm)");
+
   namespace data = cohort::data;
   py::class_<data::PipelineOptions>(m, "PipelineOptions")
       .def(py::init<>())

@@ -91,5 +91,17 @@ if [ $code -eq 0 ] && echo "$out" | grep -q "2 rank(s)" && echo "$out" | grep -q
 else
   echo "FAIL: srun -n 2 cohort train (exit $code)"; echo "$out" | tail -20; fail=$((fail + 1))
 fi
+# A torch script on the torch.distributed backend "cohort" under srun: importing cohort fills in
+# torch's RANK, WORLD_SIZE and MASTER_* from Slurm's variables.
+py=$(dirname "$bin")/../python
+out=$(PYTHONPATH=$py timeout 120 srun -n 2 --overcommit /usr/bin/python3 \
+  "$(dirname "$0")/../python/launchers_rank.py" 2>&1)
+code=$?
+if [ $code -eq 0 ] && [ "$(echo "$out" | grep -c "allreduce 3")" -eq 2 ]; then
+  echo "PASS: srun -n 2 python3 (torch.distributed backend cohort)"; pass=$((pass + 1))
+else
+  echo "FAIL: srun -n 2 python3 with the cohort backend (exit $code)"; echo "$out" | tail -20
+  fail=$((fail + 1))
+fi
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
