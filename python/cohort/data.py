@@ -38,7 +38,7 @@ class Loader:
     window: (center, width) for DICOM, overriding the files' own. channels: 3 repeats gray.
     dtype: torch.float32, torch.bfloat16 or torch.uint8 (uint8 is not normalised).
     channels_last: NHWC memory with the logical NCHW shape. multilabel: labels as a float
-    multi-hot [batch, classes] instead of int64 first labels. rank/world: default from
+    multi-hot [batch, classes] instead of int64 first labels (-1 for a scan with no finding). rank/world: default from
     torch.distributed when it is initialised.
     """
 
@@ -90,6 +90,11 @@ class Loader:
     @property
     def num_classes(self):
         return self._loader.num_classes()
+
+    @property
+    def class_names(self):
+        """The classes' folder names, or a findings table's column names; [] when unnamed."""
+        return self._loader.class_names()
 
     def set_epoch(self, epoch):
         """The epoch the next iteration reads (its permutation and augmentation)."""

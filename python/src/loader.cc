@@ -13,6 +13,7 @@ PipelineLoader::PipelineLoader(const std::string& path, data::PipelineOptions op
   for (size_t i = 0; i < source_->size(); ++i) {
     for (int l : source_->labels(i)) classes_ = std::max(classes_, l + 1);
   }
+  classes_ = std::max(classes_, static_cast<int>(source_->class_names().size()));
 }
 
 std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> PipelineLoader::next(

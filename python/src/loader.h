@@ -24,6 +24,7 @@ class PipelineLoader {
   size_t batches_per_epoch() const { return pipeline_->batches_per_epoch(); }
   size_t dataset_size() const { return source_->size(); }
   int num_classes() const { return classes_; }
+  std::vector<std::string> class_names() const { return source_->class_names(); }
   int channels() const { return pipeline_->channels(); }
   data::PipelineStats stats() const { return pipeline_->stats(); }
 

@@ -93,6 +93,7 @@ PYBIND11_MODULE(_C, m) {
       .def("batches_per_epoch", &cohort::python::PipelineLoader::batches_per_epoch)
       .def("dataset_size", &cohort::python::PipelineLoader::dataset_size)
       .def("num_classes", &cohort::python::PipelineLoader::num_classes)
+      .def("class_names", &cohort::python::PipelineLoader::class_names)
       .def("channels", &cohort::python::PipelineLoader::channels)
       .def("stats", [](const cohort::python::PipelineLoader& l) {
         auto s = l.stats();

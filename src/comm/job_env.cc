@@ -62,8 +62,8 @@ JobEnv detect_job_env() {
     j.local_world = static_cast<int>(env::int_or("LOCAL_WORLD_SIZE", j.world));
     j.master_addr = env::get_or("MASTER_ADDR", "127.0.0.1");
     // Under cohort launch the store is on COHORT_STORE_PORT (MASTER_PORT is left to torch).
-    j.master_port = static_cast<uint16_t>(
-        env::int_or("COHORT_STORE_PORT", env::int_or("MASTER_PORT", 29500)));
+    j.master_port =
+        static_cast<uint16_t>(env::int_or("COHORT_STORE_PORT", env::int_or("MASTER_PORT", 29500)));
     j.token = env::get_or("COHORT_JOB_TOKEN",
                           "torchrun-" + j.master_addr + "-" + std::to_string(j.master_port));
   } else if (env::get("OMPI_COMM_WORLD_RANK")) {

@@ -85,9 +85,9 @@ Pipeline::Pipeline(std::shared_ptr<const Source> source, PipelineOptions opt)
   COHORT_CHECK(opt_.workers >= 1 && opt_.workers <= 256, "workers " << opt_.workers);
   COHORT_CHECK(opt_.prefetch >= 1 && opt_.prefetch <= 64, "prefetch " << opt_.prefetch);
   COHORT_CHECK(opt_.size >= 1 && opt_.size <= 16384, "size " << opt_.size);
-  COHORT_CHECK(opt_.crop_ratio_min > 0 && opt_.crop_ratio_min <= opt_.crop_ratio_max,
-               "crop aspect ratio range [" << opt_.crop_ratio_min << ", " << opt_.crop_ratio_max
-                                           << "]");
+  COHORT_CHECK(
+      opt_.crop_ratio_min > 0 && opt_.crop_ratio_min <= opt_.crop_ratio_max,
+      "crop aspect ratio range [" << opt_.crop_ratio_min << ", " << opt_.crop_ratio_max << "]");
   COHORT_CHECK(opt_.rotation >= 0 && opt_.rotation <= 180, "rotation " << opt_.rotation);
   // Channels come from the first readable sample's header, so every batch has one shape.
   // Unreadable samples before it are skipped here as the workers will skip them (or refused).
@@ -416,7 +416,7 @@ std::optional<size_t> Pipeline::acquire(Batch* out) {
   out->label_sets.resize(static_cast<size_t>(n));
   for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
     out->label_sets[i] = source_->labels(s.indices[i]);
-    out->labels[i] = out->label_sets[i].front();
+    out->labels[i] = out->label_sets[i].empty() ? -1 : out->label_sets[i].front();
   }
   out->indices.assign(s.indices.begin(), s.indices.begin() + n);
   out->sample_hashes.assign(s.hashes.begin(), s.hashes.begin() + n);

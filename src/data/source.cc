@@ -34,34 +34,62 @@ std::vector<Sample> scan_image_folder(const std::string& dir, std::vector<std::s
   return out;
 }
 
-std::vector<Sample> read_csv_list(const std::string& csv_path) {
+std::vector<Sample> read_csv_list(const std::string& csv_path, std::vector<std::string>* names) {
   std::ifstream in(csv_path);
   if (!in) COHORT_THROW("cannot open CSV list '" << csv_path << "'");
   const fs::path base = fs::path(csv_path).parent_path();
   std::vector<Sample> out;
+  std::vector<std::string> findings;  // a findings table's label columns
   std::string line;
   size_t line_no = 0;
   while (std::getline(in, line)) {
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || line_no == 1) continue;  // header
+    if (line.empty()) continue;
     std::stringstream ss(line);
     std::string cell;
+    if (line_no == 1) {  // the header
+      std::getline(ss, cell, ',');
+      while (std::getline(ss, cell, ',')) findings.push_back(cell);
+      const bool named =
+          findings.size() >= 2 && std::none_of(findings.begin(), findings.end(),
+                                               [](const std::string& h) { return h == "label"; });
+      if (!named) findings.clear();
+      continue;
+    }
     Sample s;
     std::getline(ss, s.path, ',');
+    size_t column = 0;
     while (std::getline(ss, cell, ',')) {
       char* end = nullptr;
       long v = std::strtol(cell.c_str(), &end, 10);
       if (cell.empty() || *end != '\0') {
         COHORT_THROW(csv_path << ":" << line_no << ": label '" << cell << "' is not an integer");
       }
-      s.labels.push_back(static_cast<int>(v));
+      if (!findings.empty()) {
+        if (v != 0 && v != 1) {
+          COHORT_THROW(csv_path << ":" << line_no << ": finding '"
+                                << (column < findings.size() ? findings[column] : "?") << "' is "
+                                << v << "; a findings table holds 0 or 1");
+        }
+        if (v == 1) s.labels.push_back(static_cast<int>(column));
+      } else {
+        s.labels.push_back(static_cast<int>(v));
+      }
+      ++column;
     }
-    if (s.labels.empty()) COHORT_THROW(csv_path << ":" << line_no << ": no label after the path");
+    if (!findings.empty() && column != findings.size()) {
+      COHORT_THROW(csv_path << ":" << line_no << ": " << column << " findings; the header names "
+                            << findings.size());
+    }
+    if (findings.empty() && s.labels.empty()) {
+      COHORT_THROW(csv_path << ":" << line_no << ": no label after the path");
+    }
     if (fs::path(s.path).is_relative()) s.path = (base / s.path).string();
     out.push_back(std::move(s));
   }
   if (out.empty()) COHORT_THROW("CSV list '" << csv_path << "' has no samples");
+  if (names) *names = findings;
   return out;
 }
 
@@ -69,9 +97,11 @@ namespace {
 
 class FileSource final : public Source {
  public:
-  explicit FileSource(std::vector<Sample> s) : s_(std::move(s)) {
+  FileSource(std::vector<Sample> s, std::vector<std::string> names)
+      : s_(std::move(s)), names_(std::move(names)) {
     if (s_.empty()) COHORT_THROW("the data source has no samples");
   }
+  std::vector<std::string> class_names() const override { return names_; }
   size_t size() const override { return s_.size(); }
   const std::vector<int>& labels(size_t i) const override { return s_[i].labels; }
   std::string name(size_t i) const override { return s_[i].path; }
@@ -82,24 +112,29 @@ class FileSource final : public Source {
 
  private:
   std::vector<Sample> s_;
+  std::vector<std::string> names_;
 };
 
 }  // namespace
 
-std::shared_ptr<Source> file_source(std::vector<Sample> samples) {
-  return std::make_shared<FileSource>(std::move(samples));
+std::shared_ptr<Source> file_source(std::vector<Sample> samples,
+                                    std::vector<std::string> class_names) {
+  return std::make_shared<FileSource>(std::move(samples), std::move(class_names));
 }
 
 std::shared_ptr<Source> open_source(const std::string& path) {
+  std::vector<std::string> names;
   if (fs::is_regular_file(path) && fs::path(path).extension() == ".csv") {
-    return file_source(read_csv_list(path));
+    auto samples = read_csv_list(path, &names);
+    return file_source(std::move(samples), std::move(names));
   }
   if (fs::is_directory(path)) {
     for (const auto& e : fs::directory_iterator(path)) {
       if (e.path().extension() == ".cshard") return open_shards(path);
     }
   }
-  return file_source(scan_image_folder(path, nullptr));
+  auto samples = scan_image_folder(path, &names);
+  return file_source(std::move(samples), std::move(names));
 }
 
 }  // namespace cohort::data

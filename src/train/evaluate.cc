@@ -88,6 +88,7 @@ EvalResult evaluate(nn::Model& m, data::Pipeline& p, bool multilabel, int classe
     int n = 0;
     for (size_t k = 0; k < scores.size(); ++k) {
       const double a = roc_auc(scores[k], labels[k]);
+      if (multilabel) r.auc_per_finding.push_back(a);
       if (std::isfinite(a)) {
         sum += a;
         ++n;

@@ -41,6 +41,7 @@ struct Run {
   nn::LrSchedule sched;
   dist::RunPosition pos;  // where the run starts (after a resume: the checkpoint's)
   std::string precision_note;
+  std::vector<std::string> class_names;  // from the data where it names them (may be empty)
 
   // printf on rank 0 only.
   template <class... A>

@@ -74,8 +74,8 @@ void announce(const Run& r) {
       "%s, vertical flip %s, rotation %s, brightness %g, contrast %g, DICOM window %s\n",
       c.crop_scale, c.crop_ratio_min, c.crop_ratio_max, c.hflip ? "on" : "off",
       c.vflip ? "on" : "off",
-      c.rotation > 0 ? ("+-" + fmt_number(c.rotation) + " degrees").c_str() : "off",
-      c.brightness, c.contrast,
+      c.rotation > 0 ? ("+-" + fmt_number(c.rotation) + " degrees").c_str() : "off", c.brightness,
+      c.contrast,
       c.window_width > 0
           ? ("center " + fmt_number(c.window_center) + " width " + fmt_number(c.window_width))
                 .c_str()
@@ -144,11 +144,18 @@ Run set_up(const TrainConfig& c) {
   r.source = data::open_source(c.data);
   COHORT_CHECK(r.source->size() > 0, "training data " << c.data << " holds no samples");
   r.classes = c.num_classes;
+  r.class_names = r.source->class_names();
+  int mx = -1;
+  for (size_t i = 0; i < r.source->size(); ++i) {
+    const auto& labels = r.source->labels(i);
+    if (labels.empty() && !c.multilabel) {
+      COHORT_THROW(c.data << ": " << r.source->name(i)
+                          << " has no label (a findings table: train it with --multilabel)");
+    }
+    for (int l : labels) mx = std::max(mx, l);
+  }
   if (r.classes == 0) {
-    int mx = -1;
-    for (size_t i = 0; i < r.source->size(); ++i)
-      for (int l : r.source->labels(i)) mx = std::max(mx, l);
-    r.classes = std::max(mx + 1, 2);
+    r.classes = std::max({mx + 1, 2, static_cast<int>(r.class_names.size())});
   }
   r.train = std::make_unique<data::Pipeline>(r.source,
                                              pipeline_options(c, true, r.job.world, r.job.rank));

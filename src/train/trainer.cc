@@ -47,10 +47,21 @@ nlohmann::json validate(Run& r, int64_t epoch, TrainSummary& s) {
         r.c.epochs, e.samples, e.loss);
   if (std::isfinite(e.accuracy)) r.say(", accuracy %.4f", e.accuracy);
   if (std::isfinite(e.auc)) r.say(", ROC AUC %.4f", e.auc);
+  // Multi-label: each finding's AUROC, named from the data (CheXNet-style reports compare these).
+  nlohmann::json per = nlohmann::json::object();
+  for (size_t k = 0; k < e.auc_per_finding.size(); ++k) {
+    const std::string name =
+        k < r.class_names.size() ? r.class_names[k] : "finding " + std::to_string(k);
+    per[name] = finite_or_null(e.auc_per_finding[k]);
+    r.say("%s %s %.4f", k == 0 ? " (mean of" : ",", name.c_str(), e.auc_per_finding[k]);
+  }
+  if (!e.auc_per_finding.empty()) r.say(")");
   r.say("\n");
-  return {{"val_loss", e.loss},
-          {"val_accuracy", finite_or_null(e.accuracy)},
-          {"val_auc", finite_or_null(e.auc)}};
+  nlohmann::json out = {{"val_loss", e.loss},
+                        {"val_accuracy", finite_or_null(e.accuracy)},
+                        {"val_auc", finite_or_null(e.auc)}};
+  if (!per.empty()) out["val_auc_per_finding"] = per;
+  return out;
 }
 
 // --baseline-json: this run's images/s against a smaller run's, per rank.

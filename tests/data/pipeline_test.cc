@@ -190,15 +190,44 @@ TEST(Pipeline, MultiLabelCsv) {
   o.batch = 4;
   o.size = 8;
   o.shuffle = false;
-  Pipeline p(open_source(csv), o);
+  // A findings table: the labels are the findings marked 1 (none for sample 0), named.
+  auto table = open_source(csv);
+  EXPECT_EQ(table->class_names(), (std::vector<std::string>{"effusion", "nodule"}));
+  Pipeline p(table, o);
   p.start_epoch(0);
   Batch b;
   ASSERT_TRUE(p.next(&b));
   ASSERT_EQ(b.size, 4);
   for (int i = 0; i < 4; ++i) {
     size_t idx = b.indices[static_cast<size_t>(i)];
-    EXPECT_EQ(b.label_sets[static_cast<size_t>(i)],
-              (std::vector<int>{int(idx % 2), int((idx / 2) % 2)}));
+    std::vector<int> want;
+    if (idx % 2) want.push_back(0);
+    if ((idx / 2) % 2) want.push_back(1);
+    EXPECT_EQ(b.label_sets[static_cast<size_t>(i)], want) << idx;
+    EXPECT_EQ(b.labels[static_cast<size_t>(i)], want.empty() ? -1 : want[0]);
+  }
+  // Index lists (path,label,label): the cells are class indices, and nothing is named.
+  const std::string lists = dir + "/lists.csv";
+  {
+    std::ofstream f(lists);
+    f << "path,label,label\n" << fs::relative(list[0].path, dir).string() << ",3,1\n";
+  }
+  auto indexed = open_source(lists);
+  EXPECT_EQ(indexed->labels(0), (std::vector<int>{3, 1}));
+  EXPECT_TRUE(indexed->class_names().empty());
+  // A table cell other than 0 or 1, or a row with another number of findings, names the line.
+  const std::string bad = dir + "/bad.csv";
+  for (const char* row : {",0,2\n", ",1\n"}) {
+    {
+      std::ofstream f(bad);
+      f << "path,effusion,nodule\n" << fs::relative(list[0].path, dir).string() << row;
+    }
+    try {
+      open_source(bad);
+      ADD_FAILURE() << "accepted " << row;
+    } catch (const cohort::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.csv:2"), std::string::npos) << e.what();
+    }
   }
   fs::remove_all(dir);
 }

@@ -281,7 +281,23 @@ TEST(Training, MultilabelLrScalingAndBaseline) {
   ASSERT_TRUE(base.has_val);
   EXPECT_TRUE(std::isfinite(base.last_val.auc)) << "mean ROC AUC over the findings";
   EXPECT_TRUE(std::isnan(base.last_val.accuracy)) << "no single-label accuracy for findings";
+  // Each finding's AUROC, named from the CSV header; their mean is the AUC reported.
+  ASSERT_EQ(base.last_val.auc_per_finding.size(), 2u);
+  EXPECT_NEAR(base.last_val.auc,
+              (base.last_val.auc_per_finding[0] + base.last_val.auc_per_finding[1]) / 2, 1e-12);
   nlohmann::json log = nlohmann::json::parse(std::ifstream(c.json));
+  const auto& per = log["epochs"].back()["val_auc_per_finding"];
+  ASSERT_TRUE(per.contains("lesion") && per.contains("odd")) << per.dump();
+  EXPECT_NEAR(per["lesion"].get<double>(), base.last_val.auc_per_finding[0], 1e-12);
+  // A findings table leaves normal scans without a label: single-label training refuses it.
+  TrainConfig single = c;
+  single.multilabel = false;
+  try {
+    run_training(single);
+    ADD_FAILURE() << "trained single-label on a findings table";
+  } catch (const cohort::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--multilabel"), std::string::npos) << e.what();
+  }
   EXPECT_NEAR(log["lr_effective"].get<double>(), 0.02 * 8 / 4, 1e-6);
   EXPECT_EQ(log["config"]["lr-scaling"], "linear");
   EXPECT_EQ(log["config"]["multilabel"], "true");

@@ -33,7 +33,7 @@ struct PipelineOptions {
   bool train = true;             // random-resized-crop + flips; otherwise resize + center crop
   double crop_scale_min = 0.08;  // random-resized-crop's smallest area fraction
   double crop_ratio_min = 3.0 / 4, crop_ratio_max = 4.0 / 3;  // its aspect ratio range
-  int resize = 256;              // eval: shorter side before the center crop
+  int resize = 256;  // eval: shorter side before the center crop
   bool hflip = true;
   bool vflip = false;
   double rotation = 0;                              // random turn within +-degrees (0: off)
@@ -55,7 +55,7 @@ struct Batch {
   const uint8_t* data = nullptr;  // size x C x H x W (or NHWC), OutType
   int size = 0;                   // samples in this batch (the last may be short)
   int channels = 0, height = 0, width = 0;
-  std::vector<int> labels;                   // first label of each sample
+  std::vector<int> labels;                   // first label of each sample (-1: none)
   std::vector<std::vector<int>> label_sets;  // every label of each sample (multi-label CSV)
   std::vector<size_t> indices;               // data set index of each sample
   std::vector<uint64_t> sample_hashes;       // per sample output hash (for determinism checks)

@@ -40,12 +40,12 @@ struct TrainConfig {
   float crop_scale = 0.08f;  // random-resized-crop's smallest area fraction
   float crop_ratio_min = 0.75f, crop_ratio_max = 4.0f / 3;
   bool hflip = false, vflip = false;
-  float rotation = 0;                // degrees, +-
-  float brightness = 0, contrast = 0;  // jitter amplitudes
+  float rotation = 0;                         // degrees, +-
+  float brightness = 0, contrast = 0;         // jitter amplitudes
   float window_center = 0, window_width = 0;  // DICOM window; width 0: each file's own
-  int in_channels = 0;       // 0: as the data decodes
-  int num_classes = 0;       // 0: from the data's labels
-  bool multilabel = false;   // BCE over findings instead of softmax over classes
+  int in_channels = 0;                        // 0: as the data decodes
+  int num_classes = 0;                        // 0: from the data's labels
+  bool multilabel = false;                    // BCE over findings instead of softmax over classes
   int workers = 2;
   int threads = 0;  // compute threads; 0: the cores this rank may use
   int log_every = 10;

@@ -42,6 +42,7 @@ float train_step(nn::Model& m, nn::Optimizer& opt, const Tensor& x, const Target
 
 struct EvalResult {
   double loss = 0, accuracy = 0, auc = 0;  // auc: binary or mean over findings; NaN if undefined
+  std::vector<double> auc_per_finding;     // multi-label: one per finding (NaN: one class only)
   size_t samples = 0;
 };
 
