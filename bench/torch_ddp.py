@@ -59,7 +59,8 @@ def worker(rank, world, port, a):
     net = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(
-            model, gradient_as_bucket_view=True, broadcast_buffers=False)
+            model, gradient_as_bucket_view=True, broadcast_buffers=False,
+            bucket_cap_mb=a.bucket_cap_mb)
     if a.optimizer == "adamw":
         cls, kw = torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 1e-4}
     else:
@@ -118,6 +119,7 @@ def worker(rank, world, port, a):
                           "optimizer_state_bytes": state_bytes,
                           "memory_format": "channels_last" if a.channels_last else "contiguous",
                           "ddp": {"gradient_as_bucket_view": True, "broadcast_buffers": False,
+                                  "bucket_cap_mb": a.bucket_cap_mb,
                                   "backend": a.backend} if world > 1 else None,
                           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                           **torch_env.describe()}), flush=True)
@@ -143,6 +145,8 @@ def main():
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     ap.add_argument("--zero", action="store_true")
+    ap.add_argument("--bucket-cap-mb", type=float, default=25,
+                    help="DDP's bucket size (its default 25)")
     ap.add_argument("--backend", choices=["gloo", "cohort"], default="gloo",
                     help="torch.distributed backend; cohort is Cohort's (python/)")
     ap.add_argument("--no-pin", dest="pin", action="store_false")
