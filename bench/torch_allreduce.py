@@ -4,7 +4,8 @@ the way a PyTorch script calls it: WORLD processes on this host, each pinned to 
 `cohort launch --bind auto` pins ranks, one thread each. Per size: the median time of one
 blocking call over ITERS calls (after warm-up), and the bus bandwidth 2(n-1)/n x bytes / time.
 Gloo has no other knob that matters here (its transport is TCP; GLOO_SOCKET_IFNAME=lo).
-Prints one JSON line from rank 0."""
+Starts WORLD processes itself, or is one rank of a job given RANK/WORLD_SIZE/MASTER_ADDR/
+MASTER_PORT (as in the emulated cluster). Prints one JSON line from rank 0."""
 import argparse
 import json
 import os
@@ -26,8 +27,9 @@ def iters_for(nbytes, budget):
 
 
 def worker(rank, world, port, a):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    torch_env.pin(rank, world)
+    if port:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+        torch_env.pin(rank, world)
     torch.set_num_threads(1)
     if a.backend == "cohort":
         import cohort  # noqa: F401
@@ -66,6 +68,9 @@ def main():
     ap.add_argument("--budget", type=float, default=640 << 20,
                     help="bytes per size to move in the timed loop (sets the iteration count)")
     a = ap.parse_args()
+    if "RANK" in os.environ:  # one rank of a job started elsewhere (the emulated cluster)
+        worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), 0, a)
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

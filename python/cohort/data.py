@@ -25,8 +25,11 @@ from . import _C
 __all__ = ["Loader"]
 
 
-class Loader:
-    """Batches of (images, labels) as torch tensors.
+class Loader(torch.utils.data.IterableDataset):
+    """Batches of (images, labels) as torch tensors. An IterableDataset of whole batches: use it
+    directly, or inside `torch.utils.data.DataLoader(loader, batch_size=None)` (num_workers=0:
+    the decoding already runs in the pipeline's own threads) for DataLoader's extras such as
+    pin_memory.
 
     path: ImageFolder, CSV list or shard folder. train: random-resized-crop and the
     augmentations below; otherwise resize the shorter side to `resize`, then center-crop.
@@ -49,6 +52,7 @@ class Loader:
                  channels=0, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
                  dtype=torch.float32, channels_last=False, multilabel=False,
                  fail_on_corrupt=False, accurate_idct=False, rank=None, world=None):
+        super().__init__()
         if rank is None or world is None:
             dist = torch.distributed
             if dist.is_available() and dist.is_initialized():

@@ -1,6 +1,7 @@
 // Joining the job: the world communicator from the job's description (cohort launch, torchrun,
-// Open MPI or Slurm variables). Rank 0 (or the launcher) hosts the store; every rank checks the
-// world size, claims its rank once, publishes its host and pid, and waits for all the others.
+// Open MPI or Slurm variables), or through a store another framework set up (`join`: the PyTorch
+// backend). Rank 0 (or the launcher) hosts Cohort's store; every rank checks the world size,
+// claims its rank once, publishes its host and pid, and waits for all the others.
 #include <unistd.h>
 
 #include "cohort/core/error.h"

@@ -136,6 +136,13 @@ class LoaderTest(unittest.TestCase):
                             fail_on_corrupt=True):
                 pass
 
+    def test_inside_torch_dataloader(self):
+        direct = [x.clone() for x, _ in self.loader()]
+        wrapped = [x.clone() for x, _ in torch.utils.data.DataLoader(self.loader(),
+                                                                      batch_size=None)]
+        self.assertEqual(len(direct), len(wrapped))
+        self.assertTrue(all(torch.equal(p, q) for p, q in zip(direct, wrapped)))
+
     def test_a_plain_training_loop(self):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
