@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
       ckpt->add_subcommand("consolidate", "The whole model as one safetensors file");
   runs[consolidate] = cohort::cli::add_checkpoint_consolidate(*consolidate);
 
+  CLI::App* doctor =
+      app.add_subcommand("doctor", "Explain a hang or failure from the ranks' flight records");
+  runs[doctor] = cohort::cli::add_doctor(*doctor);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -316,7 +316,22 @@ void Engine::exchange_n(const Call& c, const SendOp* sends, size_t ns, const Rec
       _mm_pause();
       continue;
     }
-    if (idle == settings_.spin) idle_since = Clock::now();
+    if (idle == settings_.spin) {
+      idle_since = Clock::now();
+      if (wait_observer_) {
+        std::vector<int> peers;
+        for (size_t i = 0; i < nts; ++i) {
+          if (ts[i].active && !ts[i].finished &&
+              std::find(peers.begin(), peers.end(), ts[i].peer) == peers.end()) {
+            peers.push_back(ts[i].peer);
+          }
+        }
+        if (peers != waiting_on_) {
+          waiting_on_ = peers;
+          wait_observer_(waiting_on_);
+        }
+      }
+    }
     // Ranks may outnumber cores: give the core away instead of spinning.
     if ((idle & 63) == 0) check_while_idle(desc, idle_since);
     auto waited = Clock::now() - idle_since;
@@ -329,6 +344,10 @@ void Engine::exchange_n(const Call& c, const SendOp* sends, size_t ns, const Rec
     }
   }
   for (size_t i = 0; i < nts; ++i) ts[i].link->flush();
+  if (!waiting_on_.empty()) {
+    waiting_on_.clear();
+    wait_observer_(waiting_on_);
+  }
 }
 
 std::vector<Link*> Engine::links_of(int peer) const {
@@ -365,9 +384,12 @@ void Engine::check_while_idle(const CollDesc& d, Clock::time_point idle_since) {
     }
   }
   if (waited > settings_.timeout) {
+    std::string on;
+    for (int p : waiting_on_) on += (on.empty() ? " waiting on rank " : ", ") + std::to_string(p);
     COHORT_THROW_AS(TimeoutError, "no progress for " << settings_.timeout.count() / 1000.0
-                                                     << " s (COHORT_TIMEOUT); a peer is stuck or "
-                                                        "did not issue this collective");
+                                                     << " s (COHORT_TIMEOUT)" << on
+                                                     << "; a peer is stuck or did not issue "
+                                                        "this collective");
   }
 }
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,12 @@ class Engine {
     return links_.lanes[static_cast<size_t>(peer)];
   }
 
+  // Told the peers a waiting exchange still waits on, when that set changes ({} when it ends).
+  // The flight recorder listens; the engine knows nothing more of it.
+  void set_wait_observer(std::function<void(const std::vector<int>&)> f) {
+    wait_observer_ = std::move(f);
+  }
+
   // Failure: after abort() every exchange fails at its next idle check, and every link tells
   // its peer `message`, so that the peers' waits fail promptly too.
   void abort(const std::string& reason, const std::string& message);
@@ -102,6 +109,8 @@ class Engine {
   Settings settings_;
   Group natural_, world_, local_, cross_;
   std::vector<std::vector<uint8_t>> scratch_;
+  std::function<void(const std::vector<int>&)> wait_observer_;
+  std::vector<int> waiting_on_;  // what the observer was told last
   struct Transfer;
   std::vector<Transfer> xfers_;  // reused by exchange() so that small calls do not allocate
   std::atomic<bool> aborted_{false};

@@ -30,6 +30,11 @@ NativeComm::NativeComm(Store store, std::string token, std::string comm_name, in
   topo.net_everywhere = settings_.net_everywhere();
   LinkSet links = connect_links(store_, token_, comm_id_, rank_, members_, settings_);
   engine_ = std::make_unique<Engine>(rank_, std::move(topo), std::move(links), settings_);
+  std::vector<int> global;
+  for (const auto& m : members_) global.push_back(m.rank);
+  flight_ = std::make_unique<FlightRecorder>(name_, rank_, n, std::move(global), host(),
+                                             settings_.flight_dir);
+  engine_->set_wait_observer([f = flight_.get()](const std::vector<int>& p) { f->waiting_on(p); });
   // Callers run queued work themselves (no thread hand-off) when every rank of this host can
   // have a core; with more ranks than cores, a thread that spins on behalf of a caller costs
   // the ranks that would make progress, so the progress thread alone runs the queue.

@@ -25,6 +25,7 @@
 #include "cohort/comm/communicator.h"
 #include "cohort/comm/store.h"
 #include "engine.h"
+#include "flight_recorder.h"
 #include "settings.h"
 #include "transport/peer.h"
 
@@ -123,6 +124,7 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   std::vector<PeerDesc> members_;
   Settings settings_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<FlightRecorder> flight_;
 
   uint32_t next_seq_ = 0;           // collectives issued (caller thread)
   std::vector<uint32_t> send_seq_;  // point-to-point counters per peer (caller thread)
@@ -135,6 +137,7 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   struct Queued {
     Call call;
     std::shared_ptr<WorkState> work;
+    uint64_t flight_id = 0;
   };
   std::mutex mu_;
   std::mutex run_mu_;  // held while a call runs: calls run one at a time, in order

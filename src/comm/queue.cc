@@ -12,10 +12,11 @@ Work NativeComm::submit(Call call) {
   auto w = std::make_shared<WorkState>();
   w->algo = algo_name(call.algo);
   w->reason = call.reason;
+  const uint64_t flight_id = flight_->queued(call);
   {
     std::lock_guard<std::mutex> lock(mu_);
     w->owner = weak_from_this();
-    queue_.push_back(Queued{call, w});
+    queue_.push_back(Queued{call, w, flight_id});
     ++submitted_;
   }
   // A progress thread that has been idle for a while sleeps long: wake it, unless waiting
@@ -52,7 +53,9 @@ bool NativeComm::run_next() {
                   "rank " + std::to_string(rank_) + ": " + c.desc.str() + " refused: " + broken_));
   } else {
     try {
+      flight_->started(q.flight_id);
       run(*engine_, c);
+      flight_->ended(q.flight_id, true);
     } catch (const CommError& e) {
       std::string msg =
           "rank " + std::to_string(rank_) + ": " + c.desc.str() + " failed: " + e.message();
@@ -61,12 +64,16 @@ bool NativeComm::run_next() {
         msg += "; first failure in the job: " + cause;
       }
       broken_ = msg;
+      flight_->ended(q.flight_id, false);
+      const std::string dumped = flight_->dump(msg);
+      if (!dumped.empty()) msg += " (flight recorder: " + dumped + ")";
       if (dynamic_cast<const TimeoutError*>(&e)) {
         err = std::make_exception_ptr(TimeoutError(__FILE__, __LINE__, msg));
       } else {
         err = std::make_exception_ptr(CommError(__FILE__, __LINE__, msg));
       }
     } catch (...) {
+      flight_->ended(q.flight_id, false);
       err = std::current_exception();
     }
   }
@@ -152,6 +159,7 @@ std::string NativeComm::fail_broken(const std::string& message) {
 }
 
 void NativeComm::abort(const std::string& reason) {
+  flight_->dump("aborted: " + reason);
   engine_->abort(reason, "rank " + std::to_string(rank_) + " called abort: " + reason);
 }
 

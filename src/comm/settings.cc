@@ -33,6 +33,7 @@ Settings Settings::from_env() {
   s.tcp_streams = e.tcp_streams;
   s.shm_ring = e.shm_ring_bytes;
   s.socket_addr = e.socket_addr;
+  s.flight_dir = e.flight_dir;
   s.ucx_chunk = e.ucx_chunk_bytes;
   s.ucx_chunks = e.ucx_chunks;
   s.algo = parse_algo(e.algo);

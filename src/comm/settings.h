@@ -21,6 +21,7 @@ struct Settings {
   size_t stripe_min = 1u << 20;  // messages this large are striped across TCP lanes
   size_t shm_ring = 4u << 20;
   std::optional<std::string> socket_addr;  // where to listen for peers (default: towards master)
+  std::optional<std::string> flight_dir;   // where the flight recorder dumps (none: no dumps)
   size_t ucx_chunk = 256u << 10;
   int ucx_chunks = 8;
   Algo algo = Algo::automatic;   // COHORT_ALGO: forces this algorithm where a collective has it

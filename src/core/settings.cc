@@ -33,6 +33,7 @@ Settings Settings::read() {
   }
   s.shm_ring_bytes = bytes_or("COHORT_SHM_RING_BYTES", s.shm_ring_bytes);
   s.socket_addr = get("COHORT_SOCKET_ADDR");
+  s.flight_dir = get("COHORT_FLIGHT_DIR");
   s.ring_slice_bytes = bytes_or("COHORT_RING_SLICE", s.ring_slice_bytes);
   if (get("COHORT_HIER_CHUNK")) s.hier_chunk_bytes = bytes_or("COHORT_HIER_CHUNK", 0);
   // At least one poll, so that the engine's idle clock always starts.

@@ -23,6 +23,7 @@ struct Settings {
   int tcp_streams = 2;                       // COHORT_TCP_STREAMS
   uint64_t shm_ring_bytes = 4u << 20;        // COHORT_SHM_RING_BYTES
   std::optional<std::string> socket_addr;    // COHORT_SOCKET_ADDR
+  std::optional<std::string> flight_dir;     // COHORT_FLIGHT_DIR: flight recorder dumps
   uint64_t ring_slice_bytes = 4u << 20;      // COHORT_RING_SLICE
   std::optional<uint64_t> hier_chunk_bytes;  // COHORT_HIER_CHUNK (default: the cost model's)
   int64_t spin = 2000;                       // COHORT_SPIN

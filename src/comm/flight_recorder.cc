@@ -1,0 +1,204 @@
+// FlightRecorder: a ring of the communicator's last calls under one mutex (a few stores per call,
+// next to collectives of microseconds and more), its JSON, and SIGUSR1: the handler only writes
+// a byte to a pipe; a thread started with the first recorder that has a directory dumps every
+// live recorder from there.
+#include "flight_recorder.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "cohort/core/log.h"
+
+namespace cohort::comm::detail {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string quoted(const std::string& s) {
+  std::string o = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      o += '\\';
+      o += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof(b), "\\u%04x", ch);
+      o += b;
+    } else {
+      o += ch;
+    }
+  }
+  return o + "\"";
+}
+
+std::string number(double v) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.6f", v);
+  return b;
+}
+
+// Every recorder with a directory, for SIGUSR1.
+std::mutex g_mu;
+std::set<const FlightRecorder*>* g_live = nullptr;
+int g_pipe[2] = {-1, -1};
+
+void on_sigusr1(int) {
+  const char b = 1;
+  [[maybe_unused]] ssize_t n = ::write(g_pipe[1], &b, 1);
+}
+
+void start_signal_thread() {  // g_mu held
+  if (g_pipe[0] >= 0) return;
+  if (::pipe2(g_pipe, O_CLOEXEC) != 0) return;
+  std::thread([] {
+    char b;
+    while (::read(g_pipe[0], &b, 1) > 0) {
+      std::lock_guard<std::mutex> lock(g_mu);
+      for (const FlightRecorder* r : *g_live) r->dump("SIGUSR1");
+    }
+  }).detach();
+  struct sigaction sa {};
+  sa.sa_handler = on_sigusr1;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGUSR1, &sa, nullptr);
+}
+
+}  // namespace
+
+FlightRecorder::FlightRecorder(std::string comm, int rank, int world, std::vector<int> global_ranks,
+                               std::string host, std::optional<std::string> dir)
+    : comm_(std::move(comm)),
+      host_(std::move(host)),
+      rank_(rank),
+      world_(world),
+      global_(std::move(global_ranks)),
+      dir_(std::move(dir)) {
+  ring_.resize(kCalls);
+  if (dir_) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!g_live) g_live = new std::set<const FlightRecorder*>;  // lives as long as the process
+    g_live->insert(this);
+    start_signal_thread();
+  }
+}
+
+FlightRecorder::~FlightRecorder() {
+  if (dir_) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_live->erase(this);
+  }
+}
+
+uint64_t FlightRecorder::queued(const Call& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_++;
+  Entry& e = ring_[id % kCalls];
+  e = Entry{};
+  e.id = id;
+  e.what = c.desc.str();
+  e.kind = collective_name(c.desc.coll);
+  if (c.desc.coll == Coll::sendrecv) e.kind = c.is_send ? "send" : "recv";
+  e.dtype = dtype_name(c.desc.dtype);
+  e.algo = algo_name(c.algo);
+  e.seq = c.desc.seq;
+  e.peer = c.peer;
+  e.count = c.desc.count;
+  e.queued = now_s();
+  return id;
+}
+
+void FlightRecorder::started(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = ring_[id % kCalls];
+  if (e.id != id) return;
+  e.state = 'r';
+  e.started = now_s();
+  current_ = id;
+  waiting_.clear();
+}
+
+void FlightRecorder::ended(uint64_t id, bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ok) waiting_.clear();  // a failed call keeps the peers it waited on, for the dump
+  Entry& e = ring_[id % kCalls];
+  if (e.id != id) return;
+  e.state = ok ? 'd' : 'f';
+  e.ended = now_s();
+}
+
+void FlightRecorder::waiting_on(std::vector<int> peers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waiting_ = std::move(peers);
+}
+
+std::string FlightRecorder::json(const std::string& reason) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string o = "{\n  \"format\": \"cohort-flight-1\",\n  \"communicator\": " + quoted(comm_) +
+                  ",\n  \"rank\": " + std::to_string(rank_) +
+                  ",\n  \"world\": " + std::to_string(world_) + ",\n  \"global_ranks\": [";
+  for (size_t i = 0; i < global_.size(); ++i) o += (i ? ", " : "") + std::to_string(global_[i]);
+  o += "],\n  \"host\": " + quoted(host_) + ",\n  \"pid\": " + std::to_string(::getpid()) +
+       ",\n  \"time\": " + number(now_s()) + ",\n  \"reason\": " + quoted(reason) +
+       ",\n  \"calls\": [";
+  const uint64_t first = next_ > kCalls ? next_ - kCalls : 0;
+  for (uint64_t id = first; id < next_; ++id) {
+    const Entry& e = ring_[id % kCalls];
+    const char* state = e.state == 'q'   ? "queued"
+                        : e.state == 'r' ? "running"
+                        : e.state == 'd' ? "done"
+                                         : "failed";
+    o += std::string(id == first ? "\n" : ",\n") + "    {\"id\": " + std::to_string(e.id) +
+         ", \"kind\": " + quoted(e.kind) + ", \"seq\": " + std::to_string(e.seq) +
+         ", \"peer\": " + std::to_string(e.peer) + ", \"dtype\": " + quoted(e.dtype) +
+         ", \"count\": " + std::to_string(e.count) + ", \"algorithm\": " + quoted(e.algo) +
+         ", \"state\": \"" + state + "\", \"queued\": " + number(e.queued) +
+         ", \"started\": " + number(e.started) + ", \"ended\": " + number(e.ended) +
+         ", \"what\": " + quoted(e.what);
+    if (e.id == current_ && (e.state == 'r' || e.state == 'f')) {
+      o += ", \"waiting_on\": [";
+      for (size_t i = 0; i < waiting_.size(); ++i) {
+        o += (i ? ", " : "") + std::to_string(waiting_[i]);
+      }
+      o += "]";
+    }
+    o += "}";
+  }
+  return o + "\n  ]\n}\n";
+}
+
+std::string FlightRecorder::dump(const std::string& reason) const {
+  if (!dir_) return "";
+  std::string name = comm_;
+  for (char& ch : name) {
+    if (ch == '/') ch = '_';
+  }
+  const std::string path = *dir_ + "/" + name + ".rank-" + std::to_string(rank_) + ".json";
+  try {
+    std::filesystem::create_directories(*dir_);
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << json(reason);
+      if (!f) throw std::runtime_error("cannot write " + tmp);
+    }
+    std::filesystem::rename(tmp, path);
+  } catch (const std::exception& e) {
+    COHORT_LOG(warn, "flight recorder: " << e.what());
+    return "";
+  }
+  return path;
+}
+
+}  // namespace cohort::comm::detail

@@ -1,0 +1,130 @@
+// The flight recorder and `cohort doctor`: real ranks that hang or disagree write their records
+// (on the timeout, on the failure, on SIGUSR1), and the doctor names the rank and the call.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/communicator.h"
+#include "cohort/core/error.h"
+#include "testing/ranks.h"
+
+using namespace cohort::comm;
+using cohort::testing::run_ranks;
+using cohort::testing::RunOptions;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string doctor(const std::string& dir) {
+  const char* bin = std::getenv("COHORT_BIN");
+  std::string cmd = std::string(bin ? bin : "cohort") + " doctor " + dir + " 2>&1";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+struct TempDir {
+  std::string path =
+      (fs::temp_directory_path() / ("cohort-flight-" + std::to_string(::getpid()))).string();
+  TempDir() { fs::remove_all(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// Rank 2 is stuck in user code and never issues allreduce #3; an operator's SIGUSR1 makes it
+// write its record; ranks 0 and 1 time out in #3, naming rank 2, and write theirs.
+TEST(Flight, TheDoctorNamesTheRankThatNeverEnteredTheCall) {
+  TempDir dir;
+  RunOptions o;
+  o.env["COHORT_FLIGHT_DIR"] = dir.path;
+  o.env["COHORT_TIMEOUT"] = "2";
+  o.timeout_s = 60;
+  auto rs = run_ranks(
+      3,
+      [](int rank) {
+        auto c = init();
+        std::vector<float> v(1000, 1.0f);
+        for (int i = 0; i < 3; ++i)
+          c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        if (rank == 2) {
+          ::usleep(500000);
+          ::raise(SIGUSR1);   // what `kill -USR1` does from outside
+          ::usleep(3500000);  // stuck past the others' timeout
+          ::_exit(0);         // gone, as an operator would end it (no shutdown, no second record)
+        }
+        try {
+          c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        } catch (const cohort::TimeoutError& e) {
+          const std::string m = e.what();
+          REQUIRE(m.find("waiting on rank ") != std::string::npos, m);  // its ring neighbour
+          REQUIRE(m.find("flight recorder: ") != std::string::npos, m);
+          return;
+        } catch (const cohort::CommError& e) {
+          // A rank that sees the other's failure first fails with it: also a record.
+          return;
+        }
+        REQUIRE(false, "allreduce #3 completed without rank 2");
+      },
+      o);
+  cohort::testing::expect_all_ok(rs);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(fs::exists(dir.path + "/world.rank-" + std::to_string(r) + ".json")) << r;
+  }
+  const std::string out = doctor(dir.path);
+  EXPECT_NE(out.find("rank 2 never entered allreduce #3, which ranks 0-1 wait in (its last call: "
+                     "allreduce #2, done)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("rank 2 wrote its record on: SIGUSR1"), std::string::npos) << out;
+  EXPECT_NE(out.find("ranks 0-1 in allreduce #3 wait on rank 2"), std::string::npos) << out;
+}
+
+// Rank 1 calls broadcast where the others call allreduce: the engine reports the mismatch, every
+// rank writes its record, and the doctor says who is in which collective.
+TEST(Flight, TheDoctorNamesTheRankInAnotherCollective) {
+  TempDir dir;
+  RunOptions o;
+  o.env["COHORT_FLIGHT_DIR"] = dir.path;
+  o.env["COHORT_TIMEOUT"] = "5";
+  o.timeout_s = 60;
+  auto rs = run_ranks(
+      3,
+      [](int rank) {
+        auto c = init();
+        std::vector<float> v(1000, 1.0f);
+        c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        try {
+          if (rank == 1) {
+            c->broadcast(v.data(), v.data(), v.size(), DataType::f32, 0).wait();
+          } else {
+            c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+          }
+        } catch (const cohort::CommError&) {
+          return;
+        }
+        REQUIRE(false, "a mismatched call completed");
+      },
+      o);
+  cohort::testing::expect_all_ok(rs);
+  const std::string out = doctor(dir.path);
+  EXPECT_NE(out.find("rank 1 is in broadcast #1 while the others are in allreduce #1"),
+            std::string::npos)
+      << out;
+}
+
+TEST(Flight, TheDoctorRefusesAnEmptyFolder) {
+  TempDir dir;
+  fs::create_directories(dir.path);
+  EXPECT_NE(doctor(dir.path).find("no flight records"), std::string::npos);
+}
+
+}  // namespace
