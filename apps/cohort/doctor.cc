@@ -1,7 +1,7 @@
 // `cohort doctor DIR`: reads every rank's flight-recorder dump (COHORT_FLIGHT_DIR) and says what
-// happened, one sentence per finding: which rank never entered the call the others wait in,
-// which rank is in another collective under the same call number, whom the waiting ranks wait
-// on, which ranks left no dump, and why each rank dumped.
+// happened, one sentence per finding: which rank never entered the call the others wait in, which
+// entered it long after them, which is in another collective under the same call number, whom
+// the waiting ranks wait on, which ranks left no dump, and why each rank dumped.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -120,6 +120,24 @@ std::vector<std::string> diagnose(const std::string& comm, std::map<int, RankSta
       if (k == kind) continue;
       out.push_back(ranks_text(rs) + (rs.size() == 1 ? " is" : " are") + " in " + k + " #" +
                     std::to_string(held) + " while the others are in " + call + where);
+    }
+    // A rank that entered the call long after the others (stopped, or busy elsewhere) is late.
+    double first = 0;
+    for (int r : in[kind]) {
+      const double q = (*ranks[r].stuck)["queued"].get<double>();
+      if (first == 0 || q < first) first = q;
+    }
+    std::vector<int> early;
+    for (int r : in[kind]) {
+      if ((*ranks[r].stuck)["queued"].get<double>() - first < 1.0) early.push_back(r);
+    }
+    for (int r : in[kind]) {
+      const double late = (*ranks[r].stuck)["queued"].get<double>() - first;
+      if (late < 1.0) continue;
+      char s[64];
+      std::snprintf(s, sizeof(s), "%.1f", late);
+      out.push_back("rank " + std::to_string(r) + " entered " + call + where + " " + s +
+                    " s after " + ranks_text(early) + ": it was stopped, or busy elsewhere");
     }
     for (int r : missing) {
       out.push_back("rank " + std::to_string(r) + " wrote no flight record" + where +

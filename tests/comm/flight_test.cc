@@ -121,6 +121,47 @@ TEST(Flight, TheDoctorNamesTheRankInAnotherCollective) {
       << out;
 }
 
+// Rank 2 is stopped (SIGSTOP) inside allreduce #2: alive, silent. The others' timeout names the
+// rank they wait on, their records say so, and rank 2, continued, fails promptly and writes its
+// own record.
+TEST(Flight, AStoppedRankIsNamedByTheRanksWaitingOnIt) {
+  TempDir dir;
+  RunOptions o;
+  o.env["COHORT_FLIGHT_DIR"] = dir.path;
+  o.env["COHORT_TIMEOUT"] = "2";
+  o.timeout_s = 60;
+  auto rs = run_ranks(
+      3,
+      [](int rank) {
+        auto c = init();
+        std::vector<float> v(1000, 1.0f);
+        c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        if (rank == 2) {
+          if (::fork() == 0) {  // the operator who continues it later
+            ::usleep(4000000);
+            ::kill(::getppid(), SIGCONT);
+            ::_exit(0);
+          }
+          ::raise(SIGSTOP);
+        }
+        try {
+          c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        } catch (const cohort::CommError& e) {
+          return;
+        }
+        REQUIRE(rank == 2, "allreduce #1 completed while rank 2 was stopped");
+      },
+      o);
+  cohort::testing::expect_all_ok(rs);
+  const std::string out = doctor(dir.path);
+  EXPECT_NE(out.find("rank 2 entered allreduce #1 "), std::string::npos) << out;
+  EXPECT_NE(out.find(" s after ranks 0-1: it was stopped, or busy elsewhere"), std::string::npos)
+      << out;
+  // The first to time out names the rank it waits on (rank 2, or its ring neighbour).
+  EXPECT_NE(out.find("no progress for 2 s (COHORT_TIMEOUT) waiting on rank "), std::string::npos)
+      << out;
+}
+
 TEST(Flight, TheDoctorRefusesAnEmptyFolder) {
   TempDir dir;
   fs::create_directories(dir.path);
