@@ -107,14 +107,10 @@ uint64_t FlightRecorder::queued(const Call& c) {
   Entry& e = ring_[id % kCalls];
   e = Entry{};
   e.id = id;
-  e.what = c.desc.str();
-  e.kind = collective_name(c.desc.coll);
-  if (c.desc.coll == Coll::sendrecv) e.kind = c.is_send ? "send" : "recv";
-  e.dtype = dtype_name(c.desc.dtype);
-  e.algo = algo_name(c.algo);
-  e.seq = c.desc.seq;
+  e.desc = c.desc;
+  e.algo = c.algo;
+  e.is_send = c.is_send;
   e.peer = c.peer;
-  e.count = c.desc.count;
   e.queued = now_s();
   return id;
 }
@@ -159,13 +155,17 @@ std::string FlightRecorder::json(const std::string& reason) const {
                         : e.state == 'r' ? "running"
                         : e.state == 'd' ? "done"
                                          : "failed";
+    const std::string kind = e.desc.coll != Coll::sendrecv ? collective_name(e.desc.coll)
+                             : e.is_send                   ? "send"
+                                                           : "recv";
     o += std::string(id == first ? "\n" : ",\n") + "    {\"id\": " + std::to_string(e.id) +
-         ", \"kind\": " + quoted(e.kind) + ", \"seq\": " + std::to_string(e.seq) +
-         ", \"peer\": " + std::to_string(e.peer) + ", \"dtype\": " + quoted(e.dtype) +
-         ", \"count\": " + std::to_string(e.count) + ", \"algorithm\": " + quoted(e.algo) +
-         ", \"state\": \"" + state + "\", \"queued\": " + number(e.queued) +
-         ", \"started\": " + number(e.started) + ", \"ended\": " + number(e.ended) +
-         ", \"what\": " + quoted(e.what);
+         ", \"kind\": " + quoted(kind) + ", \"seq\": " + std::to_string(e.desc.seq) +
+         ", \"peer\": " + std::to_string(e.peer) +
+         ", \"dtype\": " + quoted(dtype_name(e.desc.dtype)) +
+         ", \"count\": " + std::to_string(e.desc.count) +
+         ", \"algorithm\": " + quoted(algo_name(e.algo)) + ", \"state\": \"" + state +
+         "\", \"queued\": " + number(e.queued) + ", \"started\": " + number(e.started) +
+         ", \"ended\": " + number(e.ended) + ", \"what\": " + quoted(e.desc.str());
     if (e.id == current_ && (e.state == 'r' || e.state == 'f')) {
       o += ", \"waiting_on\": [";
       for (size_t i = 0; i < waiting_.size(); ++i) {

@@ -35,13 +35,13 @@ class FlightRecorder {
   std::string dump(const std::string& reason) const;
 
  private:
+  // Plain values only: the text is made when a record is written, not on every call.
   struct Entry {
     uint64_t id = 0;
-    std::string what;  // the call as error messages describe it
-    std::string kind, dtype, algo;
-    uint32_t seq = 0;
+    CollDesc desc;
+    Algo algo = Algo::direct;
+    bool is_send = false;
     int peer = -1;
-    uint64_t count = 0;
     char state = 'q';                           // q(ueued), r(unning), d(one), f(ailed)
     double queued = 0, started = 0, ended = 0;  // seconds since the epoch
   };
