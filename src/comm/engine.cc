@@ -318,8 +318,9 @@ void Engine::exchange_n(const Call& c, const SendOp* sends, size_t ns, const Rec
     }
     if (idle == settings_.spin) {
       idle_since = Clock::now();
-      if (wait_observer_) {
-        std::vector<int> peers;
+      if (wait_observer_) {  // no allocation: both vectors keep their capacity
+        std::vector<int>& peers = waiting_scratch_;
+        peers.clear();
         for (size_t i = 0; i < nts; ++i) {
           if (ts[i].active && !ts[i].finished &&
               std::find(peers.begin(), peers.end(), ts[i].peer) == peers.end()) {
@@ -327,7 +328,7 @@ void Engine::exchange_n(const Call& c, const SendOp* sends, size_t ns, const Rec
           }
         }
         if (peers != waiting_on_) {
-          waiting_on_ = peers;
+          waiting_on_.assign(peers.begin(), peers.end());
           wait_observer_(waiting_on_);
         }
       }

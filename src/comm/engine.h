@@ -111,6 +111,7 @@ class Engine {
   std::vector<std::vector<uint8_t>> scratch_;
   std::function<void(const std::vector<int>&)> wait_observer_;
   std::vector<int> waiting_on_;  // what the observer was told last
+  std::vector<int> waiting_scratch_;
   struct Transfer;
   std::vector<Transfer> xfers_;  // reused by exchange() so that small calls do not allocate
   std::atomic<bool> aborted_{false};
