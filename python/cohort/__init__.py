@@ -25,6 +25,7 @@ import torch.distributed as _dist
 # COHORT_SPIN still wins.
 _os.environ.setdefault("COHORT_SPIN", "1")
 
+from . import _C
 from ._C import ProcessGroupCohort
 
 __all__ = ["ProcessGroupCohort"]
