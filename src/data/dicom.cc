@@ -6,6 +6,7 @@
 #include <gdcmReader.h>
 #include <gdcmTrace.h>
 #include <gdcmUIDGenerator.h>
+#include <gdcmWriter.h>
 
 #include <algorithm>
 #include <cmath>
@@ -363,7 +364,54 @@ namespace {
 
 // Every transfer syntax the fast paths do not take (JPEG, JPEG-LS, JPEG 2000, big endian,
 // deflated): GDCM's image reader decodes the pixels.
+// GDCM's image reader asserts, aborting the process, on valid files that have a Frame Increment
+// Pointer (0028,0009) and no Number of Frames (0028,0008), as one-frame RT Dose files written by
+// other toolkits do, or an RT Dose Grid Frame Offset Vector (3004,000C) of fewer than two values.
+// Such a file is read as a plain data set; the frame geometry, which decoding the first frame
+// does not need, is removed and Number of Frames set to 1 where absent; it is written back to
+// memory, and the image reader reads that. Empty when no repair is needed.
+std::string repaired_for_gdcm(std::span<const uint8_t> bytes) {
+  SpanBuf buf(bytes.data(), bytes.size());
+  std::istream in(&buf);
+  gdcm::Reader peek;
+  peek.SetStream(in);
+  const gdcm::Tag pixel_tag(0x7fe0, 0x0010), frames(0x0028, 0x0008), increment(0x0028, 0x0009);
+  if (!peek.ReadUpToTag(pixel_tag, {pixel_tag})) return {};
+  const gdcm::DataSet& head = peek.GetFile().GetDataSet();
+  const gdcm::Tag grid(0x3004, 0x000c);
+  const std::string offsets = element_string(head, grid);
+  const bool short_grid =
+      head.FindDataElement(grid) && std::count(offsets.begin(), offsets.end(), '\\') < 1;
+  const bool no_frames = head.FindDataElement(increment) && !head.FindDataElement(frames);
+  if (!short_grid && !no_frames) return {};
+  SpanBuf again(bytes.data(), bytes.size());
+  std::istream whole_in(&again);
+  gdcm::Reader whole;
+  whole.SetStream(whole_in);
+  if (!whole.Read()) return {};
+  gdcm::DataSet& ds = whole.GetFile().GetDataSet();
+  ds.Remove(increment);
+  ds.Remove(grid);
+  if (!ds.FindDataElement(frames)) {
+    gdcm::DataElement de(frames);
+    de.SetVR(gdcm::VR::IS);
+    de.SetByteValue("1 ", 2);
+    ds.Insert(de);
+  }
+  std::ostringstream out;
+  gdcm::Writer writer;
+  writer.SetStream(out);
+  writer.SetFile(whole.GetFile());
+  if (!writer.Write()) return {};
+  return out.str();
+}
+
 StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string& name) {
+  const std::string repaired = repaired_for_gdcm(bytes);
+  if (!repaired.empty()) {
+    bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(repaired.data()),
+                                     repaired.size());
+  }
   SpanBuf buf(bytes.data(), bytes.size());
   std::istream in(&buf);
   gdcm::ImageReader reader;
@@ -381,12 +429,15 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   // GDCM reads a truncated file without complaint and pads what is missing: the declared
   // lengths of the header and the data set must fit in the bytes we have.
   const gdcm::File& file = reader.GetFile();
-  const bool explicit_vr = file.GetHeader().GetDataSetTransferSyntax().IsExplicit();
+  const gdcm::TransferSyntax ts = file.GetHeader().GetDataSetTransferSyntax();
+  const bool explicit_vr = ts.IsExplicit();
+  // A deflated data set's declared lengths are those of the inflated data, not of the file.
+  const bool deflated = ts == gdcm::TransferSyntax::DeflatedExplicitVRLittleEndian;
   const uint64_t declared =
       static_cast<uint64_t>(file.GetHeader().GetFullLength()) +
       static_cast<uint64_t>(explicit_vr ? file.GetDataSet().GetLength<gdcm::ExplicitDataElement>()
                                         : file.GetDataSet().GetLength<gdcm::ImplicitDataElement>());
-  if (declared > bytes.size()) {
+  if (!deflated && declared > bytes.size()) {
     COHORT_THROW_AS(DecodeError,
                     name << ": truncated: " << bytes.size() << " of " << declared << " bytes");
   }

@@ -3,6 +3,8 @@
 #include <gdcmImageChangeTransferSyntax.h>
 #include <gdcmImageReader.h>
 #include <gdcmImageWriter.h>
+#include <gdcmReader.h>
+#include <gdcmWriter.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -279,4 +281,76 @@ TEST(Dicom, RleCorruptIsAClearErrorAndEightBitDecodes) {
   const auto rle8 = transcode(plain8, gdcm::TransferSyntax::RLELossless);
   ASSERT_FALSE(rle8.empty());
   EXPECT_EQ(decode_dicom(rle8, "rle8.dcm").data, decode_dicom(plain8, "plain8.dcm").data);
+}
+
+// A valid file with a Frame Increment Pointer and no Number of Frames (as one-frame RT Dose files
+// from other toolkits) made GDCM's image reader assert and abort the process. It decodes now, to
+// the pixels of the same image without those attributes.
+TEST(Dicom, FrameIncrementPointerWithoutNumberOfFramesDecodes) {
+  Image src = stored16(24, 20, 0, 4000);
+  DicomWriteOptions o;
+  o.bits_stored = 12;
+  o.window = Window{2000, 4000};
+  const auto plain = encode_dicom(src, o);
+  const Image want = decode_dicom(plain, "plain.dcm");
+  const auto jls = transcode(plain, gdcm::TransferSyntax::JPEGLSLossless);  // GDCM's path
+  ASSERT_FALSE(jls.empty());
+  std::istringstream in(std::string(jls.begin(), jls.end()));
+  gdcm::Reader r;
+  r.SetStream(in);
+  ASSERT_TRUE(r.Read());
+  gdcm::DataSet& ds = r.GetFile().GetDataSet();
+  ds.Remove(gdcm::Tag(0x0028, 0x0008));
+  gdcm::DataElement inc(gdcm::Tag(0x0028, 0x0009));
+  inc.SetVR(gdcm::VR::AT);
+  const uint16_t points_at[2] = {0x3004, 0x000c};  // Grid Frame Offset Vector, as RT Dose has
+  inc.SetByteValue(reinterpret_cast<const char*>(points_at), 4);
+  ds.Insert(inc);
+  // An RT Dose image, as GDCM reads those frame by frame along the Grid Frame Offset Vector.
+  const std::string rtdose = "1.2.840.10008.5.1.4.1.1.481.2";
+  gdcm::DataSet* header = &r.GetFile().GetHeader();
+  for (gdcm::DataSet* d : std::initializer_list<gdcm::DataSet*>{&ds, header}) {
+    const gdcm::Tag t = d == &ds ? gdcm::Tag(0x0008, 0x0016) : gdcm::Tag(0x0002, 0x0002);
+    gdcm::DataElement uid(t);
+    uid.SetVR(gdcm::VR::UI);
+    uid.SetByteValue(rtdose.c_str(), static_cast<uint32_t>(rtdose.size() + 1));
+    d->Replace(uid);
+  }
+  gdcm::DataElement grid(gdcm::Tag(0x3004, 0x000c));
+  grid.SetVR(gdcm::VR::DS);
+  grid.SetByteValue("0 ", 2);
+  ds.Insert(grid);
+  std::ostringstream os;
+  gdcm::Writer w;
+  w.SetStream(os);
+  w.SetFile(r.GetFile());
+  ASSERT_TRUE(w.Write());
+  const std::string s = os.str();
+  const Image got = decode_dicom(std::vector<uint8_t>(s.begin(), s.end()), "rtdose-like.dcm");
+  EXPECT_EQ(got.data, want.data);
+}
+
+// The deflated transfer syntax was reported as truncated (its declared lengths are those of the
+// inflated data set); it decodes to the same pixels as the plain file.
+TEST(Dicom, DeflatedTransferSyntaxDecodes) {
+  Image src = stored16(24, 20, 0, 4000);
+  DicomWriteOptions o;
+  o.bits_stored = 12;
+  o.window = Window{2000, 4000};
+  const auto plain = encode_dicom(src, o);
+  std::istringstream in(std::string(plain.begin(), plain.end()));
+  gdcm::Reader r;
+  r.SetStream(in);
+  ASSERT_TRUE(r.Read());
+  r.GetFile().GetHeader().SetDataSetTransferSyntax(
+      gdcm::TransferSyntax::DeflatedExplicitVRLittleEndian);
+  std::ostringstream os;
+  gdcm::Writer w;
+  w.SetStream(os);
+  w.SetFile(r.GetFile());
+  ASSERT_TRUE(w.Write());
+  const std::string s = os.str();
+  ASSERT_LT(s.size(), plain.size()) << "not deflated";
+  const Image got = decode_dicom(std::vector<uint8_t>(s.begin(), s.end()), "deflated.dcm");
+  EXPECT_EQ(got.data, decode_dicom(plain, "plain.dcm").data);
 }
