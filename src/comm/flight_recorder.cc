@@ -1,7 +1,7 @@
 // FlightRecorder: a ring of the communicator's last calls under one mutex (a few stores per call,
-// next to collectives of microseconds and more), its JSON, and SIGUSR1: the handler only writes
-// a byte to a pipe; a thread started with the first recorder that has a directory dumps every
-// live recorder from there.
+// next to collectives of microseconds and more), its JSON (nlohmann-json), and SIGUSR1: the handler
+// only writes a byte to a pipe; a thread started with the first recorder that has a directory dumps
+// every live recorder from there.
 #include "flight_recorder.h"
 
 #include <fcntl.h>
@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
@@ -23,29 +24,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string quoted(const std::string& s) {
-  std::string o = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      o += '\\';
-      o += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof(b), "\\u%04x", ch);
-      o += b;
-    } else {
-      o += ch;
-    }
-  }
-  return o + "\"";
-}
-
-std::string number(double v) {
-  char b[32];
-  std::snprintf(b, sizeof(b), "%.6f", v);
-  return b;
 }
 
 // Every recorder with a directory, for SIGUSR1.
@@ -141,13 +119,7 @@ void FlightRecorder::waiting_on(std::vector<int> peers) {
 
 std::string FlightRecorder::json(const std::string& reason) const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::string o = "{\n  \"format\": \"cohort-flight-1\",\n  \"communicator\": " + quoted(comm_) +
-                  ",\n  \"rank\": " + std::to_string(rank_) +
-                  ",\n  \"world\": " + std::to_string(world_) + ",\n  \"global_ranks\": [";
-  for (size_t i = 0; i < global_.size(); ++i) o += (i ? ", " : "") + std::to_string(global_[i]);
-  o += "],\n  \"host\": " + quoted(host_) + ",\n  \"pid\": " + std::to_string(::getpid()) +
-       ",\n  \"time\": " + number(now_s()) + ",\n  \"reason\": " + quoted(reason) +
-       ",\n  \"calls\": [";
+  nlohmann::json calls = nlohmann::json::array();
   const uint64_t first = next_ > kCalls ? next_ - kCalls : 0;
   for (uint64_t id = first; id < next_; ++id) {
     const Entry& e = ring_[id % kCalls];
@@ -155,27 +127,35 @@ std::string FlightRecorder::json(const std::string& reason) const {
                         : e.state == 'r' ? "running"
                         : e.state == 'd' ? "done"
                                          : "failed";
-    const std::string kind = e.desc.coll != Coll::sendrecv ? collective_name(e.desc.coll)
-                             : e.is_send                   ? "send"
-                                                           : "recv";
-    o += std::string(id == first ? "\n" : ",\n") + "    {\"id\": " + std::to_string(e.id) +
-         ", \"kind\": " + quoted(kind) + ", \"seq\": " + std::to_string(e.desc.seq) +
-         ", \"peer\": " + std::to_string(e.peer) +
-         ", \"dtype\": " + quoted(dtype_name(e.desc.dtype)) +
-         ", \"count\": " + std::to_string(e.desc.count) +
-         ", \"algorithm\": " + quoted(algo_name(e.algo)) + ", \"state\": \"" + state +
-         "\", \"queued\": " + number(e.queued) + ", \"started\": " + number(e.started) +
-         ", \"ended\": " + number(e.ended) + ", \"what\": " + quoted(e.desc.str());
-    if (e.id == current_ && (e.state == 'r' || e.state == 'f')) {
-      o += ", \"waiting_on\": [";
-      for (size_t i = 0; i < waiting_.size(); ++i) {
-        o += (i ? ", " : "") + std::to_string(waiting_[i]);
-      }
-      o += "]";
-    }
-    o += "}";
+    const char* kind = e.desc.coll != Coll::sendrecv ? collective_name(e.desc.coll)
+                       : e.is_send                   ? "send"
+                                                     : "recv";
+    nlohmann::json c = {{"id", e.id},
+                        {"kind", kind},
+                        {"seq", e.desc.seq},
+                        {"peer", e.peer},
+                        {"dtype", dtype_name(e.desc.dtype)},
+                        {"count", e.desc.count},
+                        {"algorithm", algo_name(e.algo)},
+                        {"state", state},
+                        {"queued", e.queued},
+                        {"started", e.started},
+                        {"ended", e.ended},
+                        {"what", e.desc.str()}};
+    if (e.id == current_ && (e.state == 'r' || e.state == 'f')) c["waiting_on"] = waiting_;
+    calls.push_back(std::move(c));
   }
-  return o + "\n  ]\n}\n";
+  const nlohmann::json doc = {{"format", "cohort-flight-1"},
+                              {"communicator", comm_},
+                              {"rank", rank_},
+                              {"world", world_},
+                              {"global_ranks", global_},
+                              {"host", host_},
+                              {"pid", ::getpid()},
+                              {"time", now_s()},
+                              {"reason", reason},
+                              {"calls", std::move(calls)}};
+  return doc.dump(1) + "\n";
 }
 
 std::string FlightRecorder::dump(const std::string& reason) const {
