@@ -89,13 +89,10 @@ void check_root(int64_t root, int size, const char* op) {
               " is outside this group of ", size);
 }
 
-// Where Cohort writes: the tensor itself when contiguous, else a buffer that `finish` copies back.
+// Where Cohort writes: the tensor itself when contiguous, else a buffer that Pending::write_back
+// copies back.
 at::Tensor writable(const at::Tensor& t) {
   return t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous);
-}
-
-void copy_back(at::Tensor& user, const at::Tensor& staged) {
-  if (!user.is_same(staged)) user.copy_(staged);
 }
 
 // Rows of a contiguous buffer of `blocks` equal blocks: block i as a flat view.
@@ -151,6 +148,16 @@ ProcessGroupCohort::~ProcessGroupCohort() {
   completer_.join();  // every call issued completes or fails within the timeout
 }
 
+void ProcessGroupCohort::Pending::read_from(const at::Tensor& user, const at::Tensor& staged) {
+  if (!user.is_same(staged)) keep.push_back(staged);
+}
+
+void ProcessGroupCohort::Pending::write_back(const at::Tensor& user, const at::Tensor& staged) {
+  if (user.is_same(staged)) return;
+  keep.push_back(staged);
+  finish = [user, staged]() mutable { user.copy_(staged); };
+}
+
 ProcessGroupCohort::Work ProcessGroupCohort::submit(c10d::OpType type, Tensors outputs, Pending p) {
   p.work = c10::make_intrusive<CohortWork>(getRank(), type, std::move(outputs));
   Work w = p.work;
@@ -197,8 +204,7 @@ ProcessGroupCohort::Work ProcessGroupCohort::broadcast(Tensors& tensors,
     return comm_->broadcast(b.data_ptr(), b.data_ptr(), e.count, e.type,
                             static_cast<int>(opts.rootRank));
   }));
-  p.keep = {b};
-  p.finish = [t, b]() mutable { copy_back(t, b); };
+  p.write_back(t, b);
   return submit(c10d::OpType::BROADCAST, {t}, std::move(p));
 }
 
@@ -212,8 +218,7 @@ ProcessGroupCohort::Work ProcessGroupCohort::allreduce(Tensors& tensors,
   Pending p;
   p.calls.push_back(
       issue(op, [&] { return comm_->allreduce(b.data_ptr(), b.data_ptr(), e.count, e.type, r); }));
-  p.keep = {b};
-  p.finish = [t, b]() mutable { copy_back(t, b); };
+  p.write_back(t, b);
   return submit(c10d::OpType::ALLREDUCE, {t}, std::move(p));
 }
 
@@ -257,8 +262,11 @@ ProcessGroupCohort::Work ProcessGroupCohort::reduce(Tensors& tensors,
   Pending p;
   p.calls.push_back(issue(
       op, [&] { return comm_->reduce(b.data_ptr(), b.data_ptr(), e.count, e.type, r, root); }));
-  p.keep = {b};
-  if (getRank() == root) p.finish = [t, b]() mutable { copy_back(t, b); };
+  if (getRank() == root) {
+    p.write_back(t, b);
+  } else {
+    p.read_from(t, b);
+  }
   return submit(c10d::OpType::REDUCE, {t}, std::move(p));
 }
 
@@ -279,7 +287,8 @@ ProcessGroupCohort::Work ProcessGroupCohort::allgather(std::vector<Tensors>& out
   Pending p;
   p.calls.push_back(issue(
       op, [&] { return comm_->allgather(src.data_ptr(), flat.data_ptr(), e.count, e.type); }));
-  p.keep = {src, flat};
+  p.read_from(in, src);
+  p.keep.push_back(flat);
   Tensors outs = outputs[0];
   p.finish = [outs, flat, n = in.numel()]() mutable {
     for (size_t i = 0; i < outs.size(); ++i) {
@@ -304,8 +313,8 @@ ProcessGroupCohort::Work ProcessGroupCohort::_allgather_base(at::Tensor& output,
   Pending p;
   p.calls.push_back(
       issue(op, [&] { return comm_->allgather(src.data_ptr(), dst.data_ptr(), e.count, e.type); }));
-  p.keep = {src, dst};
-  p.finish = [output, dst]() mutable { copy_back(output, dst); };
+  p.read_from(input, src);
+  p.write_back(output, dst);
   return submit(c10d::OpType::_ALLGATHER_BASE, {output}, std::move(p));
 }
 
@@ -337,7 +346,7 @@ ProcessGroupCohort::Work ProcessGroupCohort::gather(std::vector<Tensors>& output
     return comm_->gather(src.data_ptr(), is_root ? flat.data_ptr() : nullptr, e.count, e.type,
                          root);
   }));
-  p.keep = {src};
+  p.read_from(in, src);
   if (is_root) {
     p.keep.push_back(flat);
     p.finish = [outs, flat, n = in.numel()]() mutable {
@@ -378,9 +387,8 @@ ProcessGroupCohort::Work ProcessGroupCohort::scatter(Tensors& outputs, std::vect
     return comm_->scatter(is_root ? flat.data_ptr() : nullptr, dst.data_ptr(), e.count, e.type,
                           root);
   }));
-  p.keep = {dst};
+  p.write_back(out, dst);
   if (is_root) p.keep.push_back(flat);
-  p.finish = [out, dst]() mutable { copy_back(out, dst); };
   return submit(c10d::OpType::SCATTER, {out}, std::move(p));
 }
 
@@ -404,8 +412,8 @@ ProcessGroupCohort::Work ProcessGroupCohort::reduce_scatter(
   p.calls.push_back(issue(op, [&] {
     return comm_->reduce_scatter(flat.data_ptr(), dst.data_ptr(), e.count, e.type, r);
   }));
-  p.keep = {flat, dst};
-  p.finish = [out, dst]() mutable { copy_back(out, dst); };
+  p.keep = {flat};
+  p.write_back(out, dst);
   return submit(c10d::OpType::REDUCE_SCATTER, {out}, std::move(p));
 }
 
@@ -426,8 +434,8 @@ ProcessGroupCohort::Work ProcessGroupCohort::_reduce_scatter_base(
   p.calls.push_back(issue(op, [&] {
     return comm_->reduce_scatter(src.data_ptr(), dst.data_ptr(), e.count, e.type, r);
   }));
-  p.keep = {src, dst};
-  p.finish = [output, dst]() mutable { copy_back(output, dst); };
+  p.read_from(input, src);
+  p.write_back(output, dst);
   return submit(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(p));
 }
 
@@ -491,8 +499,8 @@ ProcessGroupCohort::Work ProcessGroupCohort::alltoall_base(at::Tensor& output, a
       return comm_->alltoall(src.data_ptr(), dst.data_ptr(), e.count / static_cast<size_t>(n),
                              e.type);
     }));
-    p.keep = {src, dst};
-    p.finish = [output, dst]() mutable { copy_back(output, dst); };
+    p.read_from(input, src);
+    p.write_back(output, dst);
     return submit(c10d::OpType::ALLTOALL_BASE, {output}, std::move(p));
   }
   // Splits count rows along dim 0; an empty list means equal rows.
@@ -547,7 +555,7 @@ ProcessGroupCohort::Work ProcessGroupCohort::send(Tensors& tensors, int dst_rank
   Pending p;
   p.calls.push_back(
       issue(op, [&] { return comm_->send(src.data_ptr(), e.count, e.type, dst_rank); }));
-  p.keep = {src};
+  p.read_from(t, src);
   return submit(c10d::OpType::SEND, {t}, std::move(p));
 }
 
@@ -560,8 +568,7 @@ ProcessGroupCohort::Work ProcessGroupCohort::recv(Tensors& tensors, int src_rank
   Pending p;
   p.calls.push_back(
       issue(op, [&] { return comm_->recv(dst.data_ptr(), e.count, e.type, src_rank); }));
-  p.keep = {dst};
-  p.finish = [t, dst]() mutable { copy_back(t, dst); };
+  p.write_back(t, dst);
   return submit(c10d::OpType::RECV, {t}, std::move(p));
 }
 

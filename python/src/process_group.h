@@ -76,6 +76,11 @@ class ProcessGroupCohort : public c10d::ProcessGroup {
     Tensors keep;
     std::function<void()> finish;
     c10::intrusive_ptr<CohortWork> work;
+    // What the call reads (or writes) for `user`: the tensor itself when contiguous, else a
+    // copy, which is kept alive (and copied into `user` at the end). A contiguous tensor costs
+    // nothing here: no copy, no allocation.
+    void read_from(const at::Tensor& user, const at::Tensor& staged);
+    void write_back(const at::Tensor& user, const at::Tensor& staged);
   };
   Work submit(c10d::OpType type, Tensors outputs, Pending p);
   // alltoall with a different block per peer: agree on the largest block, pad, exchange.
