@@ -2,6 +2,7 @@
 // (on the timeout, on the failure, on SIGUSR1), and the doctor names the rank and the call.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -40,14 +41,20 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
+// Ranks that write their flight records into `dir` and time out after `timeout_s` seconds.
+RunOptions flight_run(const TempDir& dir, int timeout_s) {
+  RunOptions o;
+  o.env["COHORT_FLIGHT_DIR"] = dir.path;
+  o.env["COHORT_TIMEOUT"] = std::to_string(timeout_s);
+  o.timeout_s = 60;
+  return o;
+}
+
 // Rank 2 is stuck in user code and never issues allreduce #3; an operator's SIGUSR1 makes it
 // write its record; ranks 0 and 1 time out in #3, naming rank 2, and write theirs.
 TEST(Flight, TheDoctorNamesTheRankThatNeverEnteredTheCall) {
   TempDir dir;
-  RunOptions o;
-  o.env["COHORT_FLIGHT_DIR"] = dir.path;
-  o.env["COHORT_TIMEOUT"] = "2";
-  o.timeout_s = 60;
+  const RunOptions o = flight_run(dir, 2);
   auto rs = run_ranks(
       3,
       [](int rank) {
@@ -92,10 +99,7 @@ TEST(Flight, TheDoctorNamesTheRankThatNeverEnteredTheCall) {
 // rank writes its record, and the doctor says who is in which collective.
 TEST(Flight, TheDoctorNamesTheRankInAnotherCollective) {
   TempDir dir;
-  RunOptions o;
-  o.env["COHORT_FLIGHT_DIR"] = dir.path;
-  o.env["COHORT_TIMEOUT"] = "5";
-  o.timeout_s = 60;
+  const RunOptions o = flight_run(dir, 5);
   auto rs = run_ranks(
       3,
       [](int rank) {
@@ -126,10 +130,7 @@ TEST(Flight, TheDoctorNamesTheRankInAnotherCollective) {
 // own record.
 TEST(Flight, AStoppedRankIsNamedByTheRanksWaitingOnIt) {
   TempDir dir;
-  RunOptions o;
-  o.env["COHORT_FLIGHT_DIR"] = dir.path;
-  o.env["COHORT_TIMEOUT"] = "2";
-  o.timeout_s = 60;
+  const RunOptions o = flight_run(dir, 2);
   auto rs = run_ranks(
       3,
       [](int rank) {
@@ -137,7 +138,8 @@ TEST(Flight, AStoppedRankIsNamedByTheRanksWaitingOnIt) {
         std::vector<float> v(1000, 1.0f);
         c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
         if (rank == 2) {
-          if (::fork() == 0) {  // the operator who continues it later
+          if (::fork() == 0) {  // the operator who continues it later, gone with it
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
             ::usleep(4000000);
             ::kill(::getppid(), SIGCONT);
             ::_exit(0);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <sstream>
 
 using namespace cohort::data;
@@ -283,74 +284,73 @@ TEST(Dicom, RleCorruptIsAClearErrorAndEightBitDecodes) {
   EXPECT_EQ(decode_dicom(rle8, "rle8.dcm").data, decode_dicom(plain8, "plain8.dcm").data);
 }
 
-// A valid file with a Frame Increment Pointer and no Number of Frames (as one-frame RT Dose files
-// from other toolkits) made GDCM's image reader assert and abort the process. It decodes now, to
-// the pixels of the same image without those attributes.
-TEST(Dicom, FrameIncrementPointerWithoutNumberOfFramesDecodes) {
-  Image src = stored16(24, 20, 0, 4000);
+namespace {
+
+// A 12-bit scan with its window, as the project's writer stores it.
+std::vector<uint8_t> windowed12(int w, int h) {
   DicomWriteOptions o;
   o.bits_stored = 12;
   o.window = Window{2000, 4000};
-  const auto plain = encode_dicom(src, o);
-  const Image want = decode_dicom(plain, "plain.dcm");
-  const auto jls = transcode(plain, gdcm::TransferSyntax::JPEGLSLossless);  // GDCM's path
-  ASSERT_FALSE(jls.empty());
-  std::istringstream in(std::string(jls.begin(), jls.end()));
+  return encode_dicom(stored16(w, h, 0, 4000), o);
+}
+
+// `file` read as a plain data set, changed by `edit`, and written back (empty on failure).
+std::vector<uint8_t> rewritten(const std::vector<uint8_t>& file,
+                               const std::function<void(gdcm::File&)>& edit) {
+  std::istringstream in(std::string(file.begin(), file.end()));
   gdcm::Reader r;
   r.SetStream(in);
-  ASSERT_TRUE(r.Read());
-  gdcm::DataSet& ds = r.GetFile().GetDataSet();
-  ds.Remove(gdcm::Tag(0x0028, 0x0008));
-  gdcm::DataElement inc(gdcm::Tag(0x0028, 0x0009));
-  inc.SetVR(gdcm::VR::AT);
-  const uint16_t points_at[2] = {0x3004, 0x000c};  // Grid Frame Offset Vector, as RT Dose has
-  inc.SetByteValue(reinterpret_cast<const char*>(points_at), 4);
-  ds.Insert(inc);
-  // An RT Dose image, as GDCM reads those frame by frame along the Grid Frame Offset Vector.
-  const std::string rtdose = "1.2.840.10008.5.1.4.1.1.481.2";
-  gdcm::DataSet* header = &r.GetFile().GetHeader();
-  for (gdcm::DataSet* d : std::initializer_list<gdcm::DataSet*>{&ds, header}) {
-    const gdcm::Tag t = d == &ds ? gdcm::Tag(0x0008, 0x0016) : gdcm::Tag(0x0002, 0x0002);
-    gdcm::DataElement uid(t);
-    uid.SetVR(gdcm::VR::UI);
-    uid.SetByteValue(rtdose.c_str(), static_cast<uint32_t>(rtdose.size() + 1));
-    d->Replace(uid);
-  }
-  gdcm::DataElement grid(gdcm::Tag(0x3004, 0x000c));
-  grid.SetVR(gdcm::VR::DS);
-  grid.SetByteValue("0 ", 2);
-  ds.Insert(grid);
+  if (!r.Read()) return {};
+  edit(r.GetFile());
   std::ostringstream os;
   gdcm::Writer w;
   w.SetStream(os);
   w.SetFile(r.GetFile());
-  ASSERT_TRUE(w.Write());
+  if (!w.Write()) return {};
   const std::string s = os.str();
-  const Image got = decode_dicom(std::vector<uint8_t>(s.begin(), s.end()), "rtdose-like.dcm");
-  EXPECT_EQ(got.data, want.data);
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+void set_element(gdcm::DataSet& ds, gdcm::Tag tag, gdcm::VR vr, const void* value, size_t n) {
+  gdcm::DataElement de(tag);
+  de.SetVR(vr);
+  de.SetByteValue(static_cast<const char*>(value), static_cast<uint32_t>(n));
+  ds.Replace(de);
+}
+
+}  // namespace
+
+// A valid file with a Frame Increment Pointer and no Number of Frames (as one-frame RT Dose files
+// from other toolkits) made GDCM's image reader assert and abort the process. It decodes now, to
+// the pixels of the same image without those attributes.
+TEST(Dicom, FrameIncrementPointerWithoutNumberOfFramesDecodes) {
+  const auto plain = windowed12(24, 20);
+  const auto jls = transcode(plain, gdcm::TransferSyntax::JPEGLSLossless);  // GDCM's path
+  ASSERT_FALSE(jls.empty());
+  const auto rtdose_like = rewritten(jls, [](gdcm::File& f) {
+    gdcm::DataSet& ds = f.GetDataSet();
+    ds.Remove(gdcm::Tag(0x0028, 0x0008));
+    const uint16_t points_at[2] = {0x3004, 0x000c};  // Grid Frame Offset Vector, as RT Dose has
+    set_element(ds, gdcm::Tag(0x0028, 0x0009), gdcm::VR::AT, points_at, 4);
+    set_element(ds, gdcm::Tag(0x3004, 0x000c), gdcm::VR::DS, "0 ", 2);
+    // An RT Dose image, as GDCM reads those frame by frame along the Grid Frame Offset Vector.
+    const char rtdose[] = "1.2.840.10008.5.1.4.1.1.481.2";  // with its padding NUL: even length
+    set_element(ds, gdcm::Tag(0x0008, 0x0016), gdcm::VR::UI, rtdose, sizeof(rtdose));
+    set_element(f.GetHeader(), gdcm::Tag(0x0002, 0x0002), gdcm::VR::UI, rtdose, sizeof(rtdose));
+  });
+  ASSERT_FALSE(rtdose_like.empty());
+  EXPECT_EQ(decode_dicom(rtdose_like, "rtdose-like.dcm").data,
+            decode_dicom(plain, "plain.dcm").data);
 }
 
 // The deflated transfer syntax was reported as truncated (its declared lengths are those of the
 // inflated data set); it decodes to the same pixels as the plain file.
 TEST(Dicom, DeflatedTransferSyntaxDecodes) {
-  Image src = stored16(24, 20, 0, 4000);
-  DicomWriteOptions o;
-  o.bits_stored = 12;
-  o.window = Window{2000, 4000};
-  const auto plain = encode_dicom(src, o);
-  std::istringstream in(std::string(plain.begin(), plain.end()));
-  gdcm::Reader r;
-  r.SetStream(in);
-  ASSERT_TRUE(r.Read());
-  r.GetFile().GetHeader().SetDataSetTransferSyntax(
-      gdcm::TransferSyntax::DeflatedExplicitVRLittleEndian);
-  std::ostringstream os;
-  gdcm::Writer w;
-  w.SetStream(os);
-  w.SetFile(r.GetFile());
-  ASSERT_TRUE(w.Write());
-  const std::string s = os.str();
-  ASSERT_LT(s.size(), plain.size()) << "not deflated";
-  const Image got = decode_dicom(std::vector<uint8_t>(s.begin(), s.end()), "deflated.dcm");
-  EXPECT_EQ(got.data, decode_dicom(plain, "plain.dcm").data);
+  const auto plain = windowed12(24, 20);
+  const auto deflated = rewritten(plain, [](gdcm::File& f) {
+    f.GetHeader().SetDataSetTransferSyntax(gdcm::TransferSyntax::DeflatedExplicitVRLittleEndian);
+  });
+  ASSERT_FALSE(deflated.empty());
+  ASSERT_LT(deflated.size(), plain.size()) << "not deflated";
+  EXPECT_EQ(decode_dicom(deflated, "deflated.dcm").data, decode_dicom(plain, "plain.dcm").data);
 }
