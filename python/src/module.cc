@@ -20,6 +20,9 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("describe", &cohort::python::ProcessGroupCohort::describe,
            "the backend, its transports and its algorithm policy");
+  m.def("_drain_groups", &cohort::python::ProcessGroupCohort::drain_all,
+        py::call_guard<py::gil_scoped_release>(),
+        "waits until no group's completion thread holds a call (run at interpreter exit)");
 
   m.def(
       "job_env",

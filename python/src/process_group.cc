@@ -2,9 +2,12 @@
 // staging of tensors that are not contiguous, and the completion thread.
 #include "process_group.h"
 
+#include <Python.h>
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <set>
 
 #include "cohort/core/error.h"
 #include "torch_store.h"
@@ -110,6 +113,28 @@ comm::Work issue(const char* op, F&& f) {
   }
 }
 
+// Every ProcessGroupCohort alive in this process, for drain_all(). Never destroyed: a group may
+// outlive static destruction.
+struct LiveGroups {
+  std::mutex mu;
+  std::set<ProcessGroupCohort*> groups;
+};
+LiveGroups& live_groups() {
+  static auto* g = new LiveGroups;
+  return *g;
+}
+
+// Releases the GIL for its lifetime where this thread holds it.
+struct WithoutGil {
+  PyThreadState* saved = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+  WithoutGil() = default;
+  WithoutGil(const WithoutGil&) = delete;
+  WithoutGil& operator=(const WithoutGil&) = delete;
+  ~WithoutGil() {
+    if (saved) PyEval_RestoreThread(saved);
+  }
+};
+
 }  // namespace
 
 CohortWork::CohortWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
@@ -128,7 +153,7 @@ void CohortWork::complete(std::exception_ptr error) {
 
 ProcessGroupCohort::ProcessGroupCohort(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                        int size, std::chrono::milliseconds timeout)
-    : c10d::ProcessGroup(rank, size) {
+    : c10d::ProcessGroup(rank, size), timeout_(timeout) {
   comm::InitOptions opt;
   opt.timeout = timeout;
   try {
@@ -137,15 +162,38 @@ ProcessGroupCohort::ProcessGroupCohort(const c10::intrusive_ptr<c10d::Store>& st
     TORCH_CHECK(false, "cohort: rank ", rank, " of ", size, " could not join: ", e.what());
   }
   completer_ = std::thread([this] { complete_in_order(); });
+  std::lock_guard<std::mutex> lock(live_groups().mu);
+  live_groups().groups.insert(this);
 }
 
 ProcessGroupCohort::~ProcessGroupCohort() {
+  {
+    std::lock_guard<std::mutex> lock(live_groups().mu);
+    live_groups().groups.erase(this);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
+  // Dropped from Python, a group is destroyed holding the GIL. The completion thread may need
+  // it to release a tensor, and the communicator's closing barrier waits on the other ranks:
+  // both run without it.
+  WithoutGil nogil;
   completer_.join();  // every call issued completes or fails within the timeout
+  comm_.reset();
+}
+
+void ProcessGroupCohort::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Every call completes or fails within the timeout; the margin covers the copies back.
+  idle_cv_.wait_for(lock, timeout_ + std::chrono::seconds(5),
+                    [&] { return pending_.empty() && !busy_; });
+}
+
+void ProcessGroupCohort::drain_all() {
+  std::lock_guard<std::mutex> lock(live_groups().mu);
+  for (ProcessGroupCohort* g : live_groups().groups) g->drain();
 }
 
 void ProcessGroupCohort::Pending::read_from(const at::Tensor& user, const at::Tensor& staged) {
@@ -179,6 +227,7 @@ void ProcessGroupCohort::complete_in_order() {
       if (pending_.empty()) return;
       p = std::move(pending_.front());
       pending_.pop_front();
+      busy_ = true;
     }
     std::exception_ptr error;
     try {
@@ -189,6 +238,12 @@ void ProcessGroupCohort::complete_in_order() {
     }
     p.keep.clear();
     p.work->complete(error);
+    p = Pending{};  // the last references to tensors may be ours: release them before idling
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    idle_cv_.notify_all();
   }
 }
 

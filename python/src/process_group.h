@@ -68,6 +68,14 @@ class ProcessGroupCohort : public c10d::ProcessGroup {
   Work recv(Tensors& tensors, int src_rank, int tag) override;
   Work barrier(const c10d::BarrierOptions& opts) override;
 
+  // Waits until the completion thread holds no call: everything issued has completed and its
+  // tensors are released. Call without the GIL (releasing a tensor may need it).
+  void drain();
+  // drain() on every live group. `import cohort` runs it at interpreter exit, before Python
+  // finalizes: a thread that needs the GIL after that is ended by Python, and one that ends
+  // while destroying a tensor aborts the process.
+  static void drain_all();
+
  private:
   // One torch call in flight: its Cohort calls, the tensors they read and write (kept alive),
   // what to copy out once they finished, and the torch Work to complete.
@@ -93,6 +101,9 @@ class ProcessGroupCohort : public c10d::ProcessGroup {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> pending_;
+  bool busy_ = false;  // the completion thread holds a popped call
+  std::condition_variable idle_cv_;
+  std::chrono::milliseconds timeout_;
   bool stopping_ = false;
   std::thread completer_;
 };

@@ -96,6 +96,15 @@ class Backend(unittest.TestCase):
     def test_mismatched_calls_raise_cohorts_message(self):
         self.check_all_pass("mismatch", 2, timeout=60)
 
+    def test_leaving_with_a_call_in_flight(self):
+        # Rank 0 drops its only references to an async all_reduce's tensor and Work while rank 1
+        # is still a second away, so that the group's completion thread releases the tensor:
+        # then destroys the group, or leaves the interpreter with the call in flight. Before
+        # the fix the first deadlocked on the GIL and the second aborted at exit.
+        for how in ("destroy", "exit"):
+            out = self.check_all_pass("in_flight", 2, timeout=60, env={"COHORT_TEST_LEAVE": how})
+            self.assertIn(f"rank 0: left by {how}", out[0][1])
+
 
 # ---------------------------------------------------------------- the ranks' side
 
@@ -108,7 +117,7 @@ def worker(case):
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
-    if case in ("killed", "mismatch"):
+    if case in ("killed", "mismatch", "in_flight"):
         dist.init_process_group("cohort", timeout=__import__("datetime").timedelta(seconds=30))
         CASES[case](rank, world, None, None)
         return
@@ -117,13 +126,6 @@ def worker(case):
     assert dist.get_backend(pg) == "cohort", dist.get_backend(pg)
     CASES[case](rank, world, pg, dist.group.WORLD)
     dist.destroy_process_group()
-    if case == "training":
-        # Known and open: after DDP + ZeroRedundancyOptimizer + Join on this backend, about 1 run
-        # in 10 aborts at interpreter exit ("terminate called without an active exception"),
-        # after every check passed and the groups were destroyed. Until it is found, this case
-        # leaves without the interpreter's teardown, as bench/torch_ddp.py does for gloo's.
-        sys.stdout.flush()
-        os._exit(0)
 
 
 def inputs_of(r, case, shape, dtype):
@@ -454,6 +456,25 @@ def case_mismatch(rank, world, pg, gloo):
     raise AssertionError("mismatched calls went unnoticed")
 
 
+def case_in_flight(rank, world, pg, gloo):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1 << 20)
+    if rank == 1:
+        time.sleep(1.0)
+    work = dist.all_reduce(t, async_op=True)
+    if rank == 1:
+        work.wait()
+        assert t[0].item() == world, t[0].item()
+        return
+    del t, work  # the completion thread now holds the only references
+    how = os.environ["COHORT_TEST_LEAVE"]
+    if how == "destroy":
+        dist.destroy_process_group()
+    print(f"rank 0: left by {how}", flush=True)  # "exit": the interpreter exits, call in flight
+
+
 def case_loader_shards(rank, world, pg, gloo):
     """cohort.data.Loader under torch.distributed: this rank's shard, chosen by the loader."""
     import hashlib
@@ -468,7 +489,8 @@ def case_loader_shards(rank, world, pg, gloo):
 
 
 CASES = {"ops": case_ops, "checks": case_checks, "training": case_training,
-         "killed": case_killed, "mismatch": case_mismatch, "loader_shards": case_loader_shards}
+         "killed": case_killed, "mismatch": case_mismatch, "in_flight": case_in_flight,
+         "loader_shards": case_loader_shards}
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
