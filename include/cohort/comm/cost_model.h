@@ -1,6 +1,7 @@
 // The latency-bandwidth (alpha-beta) cost model that picks an algorithm per call, as NCCL's
 // tuner does: every candidate's time is estimated from the group's shape and link figures, and
-// the cheapest wins. COHORT_ALGO overrides the choice; `cohort topo` prints the table.
+// the cheapest wins. COHORT_ALGO overrides the choice; `cohort topo` prints the table. The
+// formulas themselves live in core (cohort/core/alpha_beta.h), shared with `cohort plan`.
 #pragma once
 
 #include <cstddef>
