@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
       app.add_subcommand("doctor", "Explain a hang or failure from the ranks' flight records");
   runs[doctor] = cohort::cli::add_doctor(*doctor);
 
+  CLI::App* plan = app.add_subcommand(
+      "plan", "Predict step time, memory and scaling of a model on a cluster, and recommend");
+  runs[plan] = cohort::cli::add_plan(*plan);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

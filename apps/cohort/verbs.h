@@ -20,5 +20,6 @@ Run add_bench_train(CLI::App& bench);
 Run add_checkpoint_inspect(CLI::App& app);
 Run add_checkpoint_consolidate(CLI::App& app);
 Run add_doctor(CLI::App& app);
+Run add_plan(CLI::App& app);
 
 }  // namespace cohort::cli
