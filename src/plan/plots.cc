@@ -1,6 +1,8 @@
 // The plots of `cohort plan --svg DIR`: scaling efficiency against nodes (a line), and the step
 // time's breakdown per node count (stacked bars), as self-contained SVG.
 #include <algorithm>
+#include <cmath>
+#include <iomanip>
 #include <sstream>
 
 #include "cohort/plan/plan.h"
@@ -46,7 +48,7 @@ struct Canvas {
       s << "<line x1=\"" << kLeft << "\" x2=\"" << kW - kRight << "\" y1=\"" << y(v, top)
         << "\" y2=\"" << y(v, top) << "\" stroke=\"#ddd\"/>\n"
         << "<text x=\"" << kLeft - 6 << "\" y=\"" << y(v, top) + 4 << "\" text-anchor=\"end\">"
-        << static_cast<int>(v + 0.5) << "</text>\n";
+        << std::setprecision(3) << v << "</text>\n";
     }
     for (size_t i = 0; i < rows.size(); ++i) {
       s << "<text x=\"" << x(static_cast<double>(i), static_cast<double>(rows.size())) << "\" y=\""
@@ -85,9 +87,16 @@ std::string efficiency_svg(const std::vector<Prediction>& rows, const std::strin
 
 std::string breakdown_svg(const std::vector<Prediction>& rows, const std::string& title) {
   Canvas c(title);
-  double top = 1;
-  for (const Prediction& r : rows) top = std::max(top, r.step_ms);
-  top *= 1.15;
+  double most = 1e-3;
+  for (const Prediction& r : rows) most = std::max(most, r.step_ms);
+  // The axis ends at the next 1, 2 or 5 times a power of ten above the tallest bar, plus room.
+  double top = std::pow(10.0, std::floor(std::log10(most * 1.1)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * top >= most * 1.1) {
+      top *= m;
+      break;
+    }
+  }
   c.axes(rows, top, "step time, ms");
   const double n = static_cast<double>(rows.size());
   const double bar = 0.6 * (kW - kLeft - kRight) / n;
@@ -97,6 +106,7 @@ std::string breakdown_svg(const std::vector<Prediction>& rows, const std::string
     double Prediction::*ms;
   };
   const Part parts[] = {{"compute", "#1f77b4", &Prediction::compute_ms},
+                        {"slowest rank", "#7f7f7f", &Prediction::straggler_ms},
                         {"exposed communication", "#ff7f0e", &Prediction::exposed_comm_ms},
                         {"data wait", "#d62728", &Prediction::data_wait_ms}};
   for (size_t i = 0; i < rows.size(); ++i) {
