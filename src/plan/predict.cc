@@ -337,9 +337,18 @@ Prediction predict(const ModelProfile& p, const Cluster& c, const Strategy& s, i
     busy *= s.accum;
     exposed *= s.accum;
   }
-  // After the update: zero1/2 gather the parameters back (Cohort waits for them before the next
-  // forward); hybrid gathers inside the node; zero3 gathers each unit before its forward,
-  // prefetched one ahead of the compute.
+  // After the update: zero1/2 (and hybrid, inside the node) issue every unit's gather at once
+  // and the next forward waits for each unit when it first reads it; zero3 gathers each unit
+  // before its forward, prefetched one ahead of the compute.
+  auto gathered_forward = [&](double (*cost)(const Links&, double)) {
+    double free = 0, t = 0;
+    for (size_t i = 0; i < st.unit_params.size(); ++i) {
+      free += cost(k, st.unit_params[i] * 4);
+      t = std::max(t, free) + st.unit_forward[i];
+    }
+    exposed += t - st.forward;
+    return free;
+  };
   if (!single) {
     double after = 0;
     switch (s.mode) {
@@ -347,12 +356,10 @@ Prediction predict(const ModelProfile& p, const Cluster& c, const Strategy& s, i
         break;
       case Mode::zero1:
       case Mode::zero2:
-        after = allgather_ms(k, 4 * P);
-        exposed += after;
+        after = gathered_forward(allgather_ms);
         break;
       case Mode::hybrid:
-        after = hybrid_gather_ms(k, 4 * P);
-        exposed += after;
+        after = gathered_forward(hybrid_gather_ms);
         break;
       case Mode::zero3: {
         // Forward: unit 0 gathered first, each next one prefetched as the previous starts.
