@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cohort/nn/model.h"
+#include "cohort/plan/plan.h"
 #include "cohort/train/trainer.h"
 #include "verbs.h"
 
@@ -110,8 +111,29 @@ Run add_bench_train(CLI::App& app) {
       "--max-memory",
       [o](const std::string& v) { o->max_memory = train::parse_byte_size("--max-memory", v); },
       "Per-rank memory cap (K/M/G suffixes)");
-  return [o]() -> int {
-    train::bench_train(*o);
+  auto profile_path = std::make_shared<std::string>();
+  app.add_option("--profile", *profile_path,
+                 "Write the model's profile for cohort plan here (JSON): per layer FLOPs, "
+                 "parameters, activations and the time measured in this run");
+  return [o, profile_path]() -> int {
+    // Checked before the run: a model with no built-in profile fails at once.
+    std::unique_ptr<plan::ModelProfile> profile;
+    if (!profile_path->empty()) {
+      profile = std::make_unique<plan::ModelProfile>(
+          plan::builtin_profile(o->model, o->image_size, o->in_channels, o->num_classes));
+      o->timeline = true;
+    }
+    const train::BenchTrainResult r = train::bench_train(*o);
+    if (profile && r.lead) {
+      std::vector<plan::MeasuredOp> ops;
+      for (const nn::timeline::OpTime& t : r.ops) ops.push_back({t.kind, t.forward, t.backward});
+      plan::attach_measurements(*profile, ops, r.timed_steps, o->batch);
+      profile->source +=
+          " (" + std::to_string(r.threads) + " threads, batch " + std::to_string(o->batch) + ")";
+      plan::write_profile(*profile, *profile_path);
+      std::printf("profile: %s (%zu layers, measured over %d steps)\n", profile_path->c_str(),
+                  profile->layers.size(), r.timed_steps);
+    }
     return 0;
   };
 }

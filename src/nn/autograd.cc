@@ -4,7 +4,51 @@ namespace cohort::nn {
 
 namespace {
 thread_local Tape* g_tape = nullptr;
+thread_local timeline::Scope g_scope;
+bool g_timeline = false;
+int g_steps = 0;
+std::vector<timeline::OpTime>& ops_timeline() {
+  static std::vector<timeline::OpTime> t;
+  return t;
 }
+timeline::OpTime& timeline_entry(size_t k) {
+  auto& t = ops_timeline();
+  if (t.size() <= k) t.resize(k + 1);
+  return t[k];
+}
+}  // namespace
+
+namespace timeline {
+void enable(bool on) {
+  g_timeline = on;
+}
+void reset() {
+  ops_timeline().clear();
+  g_steps = 0;
+}
+bool enabled() {
+  return g_timeline;
+}
+std::vector<OpTime> entries() {
+  return ops_timeline();
+}
+int steps() {
+  return g_steps;
+}
+Scope open_scope(const char* kind) {
+  Scope outer = g_scope;
+  g_scope = {kind, -1};
+  return outer;
+}
+long close_scope(const Scope& outer) {
+  const long inside = g_scope.recorded;
+  g_scope = outer;
+  return inside;
+}
+void add_forward(long op, double seconds) {
+  if (g_timeline && op >= 0) timeline_entry(static_cast<size_t>(op)).forward += seconds;
+}
+}  // namespace timeline
 
 Var constant(Tensor t) {
   auto n = std::make_shared<Node>();
@@ -36,6 +80,11 @@ bool recording(const Var& x) {
 
 void Tape::push(const Var& out, std::function<void()> backward) {
   out->requires_grad = true;
+  if (g_timeline) {
+    timeline::OpTime& e = timeline_entry(ops_.size());
+    if (e.kind.empty() && g_scope.kind) e.kind = g_scope.kind;
+    g_scope.recorded = static_cast<long>(ops_.size());
+  }
   ops_.push_back({out, std::move(backward)});
 }
 
@@ -58,12 +107,17 @@ void Tape::backward(const Var& loss, float seed) {
                "recording tape, and does the loss depend on parameters?)");
   Tensor g = Tensor::full(loss->value.shape(), seed);
   accumulate(*loss, g);
+  const bool timed = g_timeline;
   for (size_t i = ops_.size(); i-- > 0;) {
     Op op = std::move(ops_[i]);
     ops_.pop_back();
+    const auto t0 = timed ? Clock::now() : Clock::time_point{};
     if (op.out->grad.defined()) op.backward();
     op.out->grad = Tensor();
+    if (timed)
+      timeline_entry(i).backward += std::chrono::duration<double>(Clock::now() - t0).count();
   }
+  if (timed) ++g_steps;
   for (Param* p : used_) {
     if (p->pending > 0) {
       p->pending = 1;

@@ -138,12 +138,15 @@ std::vector<Entry> entries() {
             [](const Entry& a, const Entry& b) { return a.seconds > b.seconds; });
   return out;
 }
-Scope::Scope(const char* op) : op_(op), on_(g_on) {
-  if (on_) t0_ = Clock::now();
+Scope::Scope(const char* op) : op_(op), on_(g_on), outer_(timeline::open_scope(op)) {
+  if (on_ || timeline::enabled()) t0_ = Clock::now();
 }
 Scope::~Scope() {
-  if (!on_) return;
+  const long recorded = timeline::close_scope(outer_);
+  if (!on_ && !timeline::enabled()) return;
   const double dt = seconds_since(t0_);
+  timeline::add_forward(recorded, dt);
+  if (!on_) return;
   std::lock_guard<std::mutex> lock(g_mu);
   Entry& e = table()[op_];
   e.op = op_;

@@ -254,6 +254,51 @@ ModelProfile builtin_profile(const std::string& model, int image, int in_channel
 }
 
 // ---------------------------------------------------------------------------------------------
+// Measured times
+
+namespace {
+
+// The layer kind an op of this profile scope times; `other` for ops of no layer.
+LayerKind kind_of_op(const std::string& op, bool* layer) {
+  *layer = true;
+  auto starts = [&](const char* p) { return op.rfind(p, 0) == 0; };
+  if (starts("conv.")) return LayerKind::conv;
+  if (starts("bn.") || starts("syncbn.")) return LayerKind::norm;
+  if (starts("pool.") || starts("avgpool.")) return LayerKind::pool;
+  if (starts("add.")) return LayerKind::add;
+  if (starts("linear.")) return LayerKind::linear;
+  if (starts("concat.")) return LayerKind::other;
+  *layer = false;
+  return LayerKind::other;
+}
+
+}  // namespace
+
+void attach_measurements(ModelProfile& p, const std::vector<MeasuredOp>& ops, int steps,
+                         int batch) {
+  COHORT_CHECK(steps > 0 && batch > 0,
+               "measured over " << steps << " steps of " << batch << " images: expected both > 0");
+  size_t j = 0;
+  for (Layer& l : p.layers) {
+    bool found = false;
+    while (j < ops.size() && !found) {
+      bool layer = false;
+      const LayerKind k = kind_of_op(ops[j].kind, &layer);
+      if (layer && k == l.kind) {
+        l.measured_ms = (ops[j].forward_s + ops[j].backward_s) / steps / batch * 1e3;
+        found = true;
+      }
+      ++j;
+    }
+    COHORT_CHECK(found, "the measured ops of " << p.model << " do not follow its layers: none "
+                                               << "left for layer " << l.name << " ("
+                                               << layer_kind_name(l.kind) << ") after "
+                                               << ops.size() << " ops");
+  }
+  p.source = "computed from the model definition; times measured by cohort bench train";
+}
+
+// ---------------------------------------------------------------------------------------------
 // JSON
 
 namespace {

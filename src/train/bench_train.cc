@@ -61,6 +61,8 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   if (world) world->barrier().wait();
   nn::profile::reset();
   nn::profile::enable(o.profile);
+  nn::timeline::reset();
+  nn::timeline::enable(o.timeline);
   StepTimes times;
   std::vector<double> ms;
   for (int i = 0; i < o.steps; ++i) {
@@ -72,7 +74,13 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
     COHORT_CHECK(std::isfinite(loss), "bench train: loss " << loss << " at step " << i);
   }
   nn::profile::enable(false);
+  nn::timeline::enable(false);
   BenchTrainResult r;
+  r.lead = lead;
+  if (o.timeline) {
+    r.ops = nn::timeline::entries();
+    r.timed_steps = nn::timeline::steps();
+  }
   r.world = job.world;
   double sum = 0;
   for (double v : ms) sum += v;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/core/clock.h"
 #include "cohort/tensor/tensor.h"
 
 namespace cohort::nn {
@@ -98,6 +99,32 @@ class Tape {
   std::vector<Hook> hooks_;
   std::vector<Param*> used_;  // parameters used in this forward, in first-use order
 };
+
+// The tape's per-op timeline (`cohort bench train --profile FILE`): while on, the k-th op a step
+// records adds to entry k the time of the profile scope it was recorded in (its forward) and the
+// time of its backward closure, summed over the steps run. Its kind is that scope's name
+// ("conv.fwd"; empty for an op recorded outside any scope).
+namespace timeline {
+struct OpTime {
+  std::string kind;
+  double forward = 0, backward = 0;  // seconds, summed over steps
+};
+void enable(bool on);
+bool enabled();
+void reset();
+std::vector<OpTime> entries();
+int steps();  // backward passes since reset
+
+// For nn::profile::Scope: opening one names the ops recorded inside it; closing it returns the
+// op recorded inside (-1 if none), which gets the scope's time as its forward.
+struct Scope {
+  const char* kind = nullptr;
+  long recorded = -1;
+};
+Scope open_scope(const char* kind);  // returns the outer scope's state
+long close_scope(const Scope& outer);
+void add_forward(long op, double seconds);
+}  // namespace timeline
 
 // Inside this scope ops record nothing (evaluation, the optimiser step).
 class NoGrad {

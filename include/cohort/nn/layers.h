@@ -183,8 +183,9 @@ class Scope {
   ~Scope();
 
  private:
-  const char* op_;  // a string literal: the table is keyed by its address
-  bool on_;         // profiling was on when the scope opened
+  const char* op_;         // a string literal: the table is keyed by its address
+  bool on_;                // profiling was on when the scope opened
+  timeline::Scope outer_;  // the tape timeline's scope outside this one
   Clock::time_point t0_;
 };
 }  // namespace profile

@@ -46,6 +46,17 @@ ModelProfile builtin_profile(const std::string& model, int image, int in_channel
                              int classes = 1000);
 std::vector<std::string> builtin_models();
 
+// Measured times per recorded op, in forward order (`cohort bench train --profile`: the tape's
+// timeline): kind "conv.fwd", "bn.fwd", "add.fwd", "pool.fwd", "avgpool.fwd", "linear.fwd",
+// "concat.fwd", ...; seconds summed over `steps` steps of `batch` images.
+struct MeasuredOp {
+  std::string kind;
+  double forward_s = 0, backward_s = 0;
+};
+// Sets each layer's measured_ms from the ops, matched in order by kind (ops of no layer, such as
+// flatten and the loss, are skipped). Throws naming the layer where the ops stop matching.
+void attach_measurements(ModelProfile& p, const std::vector<MeasuredOp>& ops, int steps, int batch);
+
 // JSON, as `cohort bench train --profile FILE` writes it; errors name the file and the field.
 ModelProfile read_profile(const std::string& path);
 void write_profile(const ModelProfile& p, const std::string& path);

@@ -71,9 +71,10 @@ struct BenchTrainOptions {
   int steps = 10, warmup = 3, threads = 0;
   std::string optimizer = "sgd";
   std::string json;
-  bool profile = true;   // time every kind of op and report the split
-  bool no_sync = false;  // no gradient reduction (the step's cost without it)
-  dist::DdpOptions ddp;  // under a launcher with several ranks: the mode and its options
+  bool profile = true;    // time every kind of op and report the split
+  bool timeline = false;  // time every op the tape records (result.ops): --profile FILE
+  bool no_sync = false;   // no gradient reduction (the step's cost without it)
+  dist::DdpOptions ddp;   // under a launcher with several ranks: the mode and its options
   uint64_t max_memory = 0;
   Precision precision = Precision::f32;
 };
@@ -84,8 +85,11 @@ struct BenchTrainResult {
   int world = 1;
   size_t peak_rss = 0;
   int threads = 0;
-  dist::MemoryReport memory;  // this rank's
-  dist::Traffic sent;         // the last step's, this rank
+  dist::MemoryReport memory;              // this rank's
+  dist::Traffic sent;                     // the last step's, this rank
+  bool lead = false;                      // this rank reports (rank 0)
+  std::vector<nn::timeline::OpTime> ops;  // with BenchTrainOptions::timeline, over `steps`
+  int timed_steps = 0;
 };
 
 // Synthetic data, timed steps; prints a table (the per-op split too) and writes JSON.
