@@ -10,6 +10,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/plan/plan.h"
+#include "plan_calibrate.h"
 #include "verbs.h"
 
 namespace cohort::cli {
@@ -95,7 +96,9 @@ Run add_plan(CLI::App& app) {
   struct Opts {
     std::string model = "resnet50", profile, cluster = "dgx-a100", nodes, mode = "ddp";
     std::string precision = "bf16", reduce_dtype = "f32", optimizer = "sgd", decode = "cpu";
-    std::string json, svg, write_profile;
+    std::string json, svg, write_profile, calibrate;
+    double alone = 0;
+    bool published = false;
     int image = 224, in_channels = 3, classes = 1000, batch = 32, accum = 1;
     double bucket_mb = 25, target = 0.9, nic_gbit = 0, decode_per_core = 0;
     bool reshard_after_forward = true, accum_local = false;
@@ -139,8 +142,41 @@ Run add_plan(CLI::App& app) {
   app.add_option("--json", o->json, "Write everything as JSON to this file");
   app.add_option("--svg", o->svg, "Write efficiency.svg and breakdown.svg into this folder");
   app.add_option("--write-profile", o->write_profile, "Write the model's profile (JSON) here");
+  app.add_option("--calibrate", o->calibrate,
+                 "Measure this machine (compute, memory, shared memory, decoding) and write a "
+                 "cluster file for it here; then exit");
+  app.add_flag("--published", o->published,
+               "Print the published scaling results the model is validated against, each with "
+               "its inputs and sources, the reported and the predicted efficiency; then exit");
+  app.add_option("--alone-images-per-s", o->alone,
+                 "One accelerator's measured images/s for this model and strategy: scales the "
+                 "accelerator's efficiency to match it")
+      ->check(CLI::Range(1e-6, 1e12));
 
   return [o]() -> int {
+    if (o->published) {
+      nlohmann::json cases = nlohmann::json::array();
+      std::printf("%-40s %-62s %9s %9s %7s\n", "paper", "claim", "reported", "predicted", "ratio");
+      for (const plan::PublishedCase& pc : plan::published_cases()) {
+        const double e = plan::predicted_efficiency(pc);
+        std::printf("%-40s %-62s %8.1f%% %8.1f%% %7.3f\n", pc.name.c_str(), pc.claim.c_str(),
+                    100 * pc.reported_efficiency, 100 * e, e / pc.reported_efficiency);
+        for (const std::string& in : pc.inputs) std::printf("    input: %s\n", in.c_str());
+        cases.push_back({{"paper", pc.name},
+                         {"claim", pc.claim},
+                         {"inputs", pc.inputs},
+                         {"reported_efficiency", pc.reported_efficiency},
+                         {"predicted_efficiency", e}});
+      }
+      if (!o->json.empty())
+        write_file(o->json, nlohmann::json{{"published", cases}}.dump(1) + "\n");
+      return 0;
+    }
+    if (!o->calibrate.empty()) {
+      plan::write_cluster(calibrate_this_machine(), o->calibrate);
+      std::printf("wrote %s\n", o->calibrate.c_str());
+      return 0;
+    }
     const plan::ModelProfile p =
         o->profile.empty() ? plan::builtin_profile(o->model, o->image, o->in_channels, o->classes)
                            : plan::read_profile(o->profile);
@@ -165,6 +201,7 @@ Run add_plan(CLI::App& app) {
     COHORT_CHECK(!s.gpu_decode || c.gpu_decode_per_accel > 0,
                  "--decode gpu: cluster " << c.name << " has no accelerator decoding "
                                           << "(gpu_decode_per_accel is 0)");
+    if (o->alone > 0) c = plan::match_throughput(p, c, s, o->alone);
     const std::vector<int> nodes = parse_nodes(o->nodes, c.nodes);
 
     std::printf("cohort plan: %s at %d px on %s: %d x %s per node; inside: %s; across: %d x %s\n",

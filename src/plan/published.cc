@@ -31,10 +31,10 @@ std::vector<PublishedCase> published_cases() {
     g.name = "Goyal et al. 2017";
     g.claim = "ResNet-50, ~90% scaling efficiency from 8 to 256 GPUs (abstract)";
     g.inputs = {
-        "ResNet-50 at 224 px, 32 images per GPU, f32, SGD with momentum (paper, sections 2 and 5)",
+        "ResNet-50 at 224 px, 32 images per GPU, f32, SGD with momentum (paper)",
         "Big Basin servers: 8 Tesla P100 joined by NVLink, one 50 Gbit/s Ethernet NIC "
-        "(ConnectX-4) each (paper, section 5)",
-        "backward of 32 images on one P100 takes 120 ms (paper, section 4); forward taken as "
+        "(ConnectX-4) each (paper)",
+        "backward of 32 images on one P100 takes 120 ms (paper); forward taken as "
         "half of that (ours), so one GPU runs 32 images in 180 ms: 178 images/s",
         "P100 figures from NVIDIA's datasheet; NVLink at 40 GB/s per GPU per direction in the "
         "hybrid cube-mesh (ours, from 4 links of 20 GB/s shared by two rings)",
@@ -58,9 +58,8 @@ std::vector<PublishedCase> published_cases() {
     h.name = "Sergeev and Del Balso 2018 (Horovod)";
     h.claim = "ResNet-101, 88% scaling efficiency on 128 GPUs over 25 Gbit/s TCP";
     h.inputs = {
-        "ResNet-101 at 224 px, f32, TensorFlow's benchmark scripts with Horovod (paper, "
-        "section 5)",
-        "servers of 4 Pascal GPUs on a 25 Gbit/s network, TCP (paper, section 5)",
+        "ResNet-101 at 224 px, f32, TensorFlow's benchmark scripts with Horovod (paper)",
+        "servers of 4 Pascal GPUs on a 25 Gbit/s network, TCP (paper)",
         "64 images per GPU, the benchmark scripts' default for ResNet-101 (ours)",
         "one P100 runs ResNet-101 at about 130 images/s in TensorFlow of the time (ours: the "
         "paper plots images/s against GPUs without stating the single-GPU figure)",
