@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -272,4 +274,70 @@ TEST(PlanCli, TableJsonAndPlots) {
   std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
   EXPECT_NE(err.find(bad), std::string::npos) << err;
   EXPECT_NE(err.find("nodes"), std::string::npos) << err;
+}
+
+TEST(PlanCli, BenchTrainWritesAMeasuredProfileThatPlanReads) {
+  const char* bin = std::getenv("COHORT_BIN");
+  ASSERT_NE(bin, nullptr);
+  const fs::path dir = fs::path(write_temp("y", "")).parent_path();
+  // ResNet's basic and bottleneck blocks and DenseNet's concatenations each map op to layer.
+  for (const std::string model : {"resnet18", "resnet50", "densenet121"}) {
+    const std::string path = (dir / (model + ".json")).string();
+    const std::string cmd = std::string(bin) + " bench train --model " + model +
+                            " --batch 2 --image-size 64 --steps 2 --warmup 1 --threads 1 "
+                            "--no-profile --profile " +
+                            path + " > " + (dir / "bt.txt").string() + " 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const plan::ModelProfile p = plan::read_profile(path);
+    EXPECT_EQ(p.parameters(), plan::builtin_profile(model, 64).parameters()) << model;
+    double total = 0;
+    for (const plan::Layer& l : p.layers) {
+      EXPECT_GE(l.measured_ms, 0) << model << " " << l.name;
+      if (l.kind == plan::LayerKind::conv) {
+        EXPECT_GT(l.measured_ms, 0) << model << " " << l.name;
+      }
+      total += l.measured_ms;
+    }
+    EXPECT_GT(total, 0) << model;
+    // cohort plan runs the layers at their measured times (the optimizer's pass over memory
+    // made free here, as the profile does not time it).
+    plan::Strategy s;
+    s.batch = 2;
+    s.bf16 = false;
+    plan::Cluster c = plan::preset_cluster("cpu-host");
+    c.accelerator.memory_gbs = 1e9;
+    EXPECT_NEAR(plan::alone_images_per_s(p, c, s), 1e3 / total, 1e3 / total * 1e-6) << model;
+  }
+  const std::string bad = (dir / "small.json").string();
+  const std::string cmd = std::string(bin) +
+                          " bench train --model smallcnn --steps 1 --warmup 0 --profile " + bad +
+                          " > " + (dir / "bt.txt").string() + " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 1) << "no built-in profile for smallcnn";
+}
+
+TEST(PlanCli, CalibrateWritesAClusterOfThisMachine) {
+  const char* bin = std::getenv("COHORT_BIN");
+  ASSERT_NE(bin, nullptr);
+  const fs::path dir = fs::path(write_temp("z", "")).parent_path();
+  const std::string path = (dir / "this.json").string();
+  const std::string cmd =
+      std::string(bin) + " plan --calibrate " + path + " > " + (dir / "cal.txt").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const plan::Cluster c = plan::load_cluster(path);  // passes the file checks
+  EXPECT_EQ(c.accelerators_per_node, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  EXPECT_GT(c.accelerator.f32_tflops, 0.001);  // at least a GFLOP/s per core
+  EXPECT_GT(c.intra.gbytes_per_s, 0.1);
+  EXPECT_GT(c.intra.latency_us, 0);
+  EXPECT_GT(c.decode_per_core, 10);
+  // The calibrated cluster predicts resnet18 at about the rate it measured.
+  plan::Strategy s;
+  s.batch = 16;
+  s.bf16 = false;
+  const double ips = plan::alone_images_per_s(plan::builtin_profile("resnet18", 128), c, s);
+  std::ifstream out(dir / "cal.txt");
+  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  const size_t at = text.find(" images/s, step time spread");
+  ASSERT_NE(at, std::string::npos) << text;
+  const double measured = std::stod(text.substr(text.rfind(' ', at - 1) + 1));
+  EXPECT_NEAR(ips / measured, 1.0, 0.02) << text;
 }
