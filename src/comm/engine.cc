@@ -384,6 +384,10 @@ void Engine::check_while_idle(const CollDesc& d, Clock::time_point idle_since) {
       }
     }
   }
+  if (silence_check_ && waited > settings_.heartbeat_timeout && !waiting_on_.empty()) {
+    const std::string silent = silence_check_(waiting_on_);
+    if (!silent.empty()) COHORT_THROW_AS(CommError, silent);
+  }
   if (waited > settings_.timeout) {
     std::string on;
     for (int p : waiting_on_) on += (on.empty() ? " waiting on rank " : ", ") + std::to_string(p);

@@ -86,6 +86,11 @@ class Engine {
 
   // Told the peers a waiting exchange still waits on, when that set changes ({} when it ends).
   // The flight recorder listens; the engine knows nothing more of it.
+  // Asked, once a wait has lasted the heartbeat timeout, whether a waited-on peer is silent
+  // (stopped or frozen): a non-empty answer fails the call with it.
+  void set_silence_check(std::function<std::string(const std::vector<int>&)> f) {
+    silence_check_ = std::move(f);
+  }
   void set_wait_observer(std::function<void(const std::vector<int>&)> f) {
     wait_observer_ = std::move(f);
   }
@@ -110,6 +115,7 @@ class Engine {
   Group natural_, world_, local_, cross_;
   std::vector<std::vector<uint8_t>> scratch_;
   std::function<void(const std::vector<int>&)> wait_observer_;
+  std::function<std::string(const std::vector<int>&)> silence_check_;
   std::vector<int> waiting_on_;  // what the observer was told last
   std::vector<int> waiting_scratch_;
   struct Transfer;

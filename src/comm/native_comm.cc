@@ -34,7 +34,26 @@ NativeComm::NativeComm(Store store, std::string token, std::string comm_name, in
   for (const auto& m : members_) global.push_back(m.rank);
   flight_ = std::make_unique<FlightRecorder>(name_, rank_, n, std::move(global), host(),
                                              settings_.flight_dir);
-  engine_->set_wait_observer([f = flight_.get()](const std::vector<int>& p) { f->waiting_on(p); });
+  if (n > 1 && settings_.heartbeat.count() > 0) {
+    heartbeat_ = std::make_unique<Heartbeat>(store_, rank_, settings_.heartbeat);
+    engine_->set_silence_check([hb = heartbeat_.get(), limit = settings_.heartbeat_timeout](
+                                   const std::vector<int>& peers) -> std::string {
+      for (int p : peers) {
+        const auto silent = hb->silent_for(p);
+        if (silent && *silent >= limit) {
+          return "rank " + std::to_string(p) + " has sent no heartbeat for " +
+                 std::to_string(silent->count() / 1000) +
+                 " s while this rank waits on it: it is stopped or frozen (SIGSTOP, a debugger, "
+                 "a hung host; COHORT_HEARTBEAT_TIMEOUT)";
+        }
+      }
+      return {};
+    });
+  }
+  engine_->set_wait_observer([f = flight_.get(), hb = heartbeat_.get()](const std::vector<int>& p) {
+    f->waiting_on(p);
+    if (hb) hb->watch(p);
+  });
   // Callers run queued work themselves (no thread hand-off) when every rank of this host can
   // have a core; with more ranks than cores, a thread that spins on behalf of a caller costs
   // the ranks that would make progress, so the progress thread alone runs the queue.

@@ -26,6 +26,7 @@
 #include "cohort/comm/store.h"
 #include "engine.h"
 #include "flight_recorder.h"
+#include "heartbeat.h"
 #include "settings.h"
 #include "transport/peer.h"
 
@@ -125,6 +126,7 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   Settings settings_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<FlightRecorder> flight_;
+  std::unique_ptr<Heartbeat> heartbeat_;  // null for one rank or COHORT_HEARTBEAT=0
 
   uint32_t next_seq_ = 0;           // collectives issued (caller thread)
   std::vector<uint32_t> send_seq_;  // point-to-point counters per peer (caller thread)

@@ -16,6 +16,16 @@ Settings Settings::from_env() {
   const env::Settings e = env::Settings::read();
   Settings s;
   s.timeout = std::chrono::milliseconds(static_cast<int64_t>(e.timeout_s * 1000.0));
+  COHORT_CHECK(e.heartbeat_s >= 0 && e.heartbeat_timeout_s > 0,
+               "COHORT_HEARTBEAT=" << e.heartbeat_s << ", COHORT_HEARTBEAT_TIMEOUT="
+                                   << e.heartbeat_timeout_s << ": expected >= 0 and > 0 seconds");
+  COHORT_CHECK(e.heartbeat_s == 0 || e.heartbeat_timeout_s >= 2 * e.heartbeat_s,
+               "COHORT_HEARTBEAT_TIMEOUT=" << e.heartbeat_timeout_s << " s: expected at least "
+                                           << "two beats of COHORT_HEARTBEAT=" << e.heartbeat_s
+                                           << " s");
+  s.heartbeat = std::chrono::milliseconds(static_cast<int64_t>(e.heartbeat_s * 1000.0));
+  s.heartbeat_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(e.heartbeat_timeout_s * 1000.0));
   const std::string& tr = e.transport;
 #ifdef COHORT_HAVE_UCX
   if (tr != "auto" && tr != "tcp" && tr != "shm" && tr != "ucx") {

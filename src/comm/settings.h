@@ -13,6 +13,11 @@ namespace cohort::comm::detail {
 
 struct Settings {
   std::chrono::milliseconds timeout{300000};
+  // Every rank beats in the store every `heartbeat` (0: never); a rank that others wait on and
+  // whose beat has not changed for `heartbeat_timeout` is stopped or frozen: the call fails
+  // naming it, before the timeout.
+  std::chrono::milliseconds heartbeat{1000};
+  std::chrono::milliseconds heartbeat_timeout{10000};
   bool force_tcp = false;   // COHORT_TRANSPORT=tcp: TCP to every peer
   bool ucx = false;         // COHORT_TRANSPORT=ucx: UCX to every peer
   bool ucx_remote = false;  // auto, with UCX and an RDMA device: UCX to other hosts

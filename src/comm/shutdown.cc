@@ -27,6 +27,7 @@ NativeComm::~NativeComm() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  heartbeat_.reset();
   if (server_ && engine_->aborted()) linger_for_peers();
 }
 

@@ -23,6 +23,8 @@ uint64_t bytes_or(const char* name, uint64_t fallback) {
 Settings Settings::read() {
   Settings s;
   s.timeout_s = double_or("COHORT_TIMEOUT", s.timeout_s);
+  s.heartbeat_s = double_or("COHORT_HEARTBEAT", s.heartbeat_s);
+  s.heartbeat_timeout_s = double_or("COHORT_HEARTBEAT_TIMEOUT", s.heartbeat_timeout_s);
   s.transport = get_or("COHORT_TRANSPORT", s.transport);
   s.backend = get_or("COHORT_BACKEND", s.backend);
   s.algo = get_or("COHORT_ALGO", s.algo);

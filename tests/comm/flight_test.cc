@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -162,6 +163,71 @@ TEST(Flight, AStoppedRankIsNamedByTheRanksWaitingOnIt) {
   // The first to time out names the rank it waits on (rank 2, or its ring neighbour).
   EXPECT_NE(out.find("no progress for 2 s (COHORT_TIMEOUT) waiting on rank "), std::string::npos)
       << out;
+}
+
+// The heartbeat: rank 2 is stopped (SIGSTOP) after allreduce #0, with a 60 s timeout. Every
+// thread of a stopped process stands still, its heartbeat too, so the ranks waiting on it fail
+// within seconds, naming it; the first failure reaches the rank that waits on another survivor.
+TEST(Heartbeat, AStoppedRankIsNamedLongBeforeTheTimeout) {
+  RunOptions o;
+  o.env["COHORT_TIMEOUT"] = "60";
+  o.env["COHORT_HEARTBEAT"] = "0.2";
+  o.env["COHORT_HEARTBEAT_TIMEOUT"] = "1.5";
+  o.timeout_s = 60;
+  auto rs = run_ranks(
+      3,
+      [](int rank) {
+        auto c = init();
+        std::vector<float> v(1000, 1.0f);
+        c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        if (rank == 2) {
+          if (::fork() == 0) {  // continues it once the others have failed, gone with it
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            ::usleep(8000000);
+            ::kill(::getppid(), SIGCONT);
+            ::_exit(0);
+          }
+          ::raise(SIGSTOP);
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        } catch (const cohort::CommError& e) {
+          if (rank == 2) return;  // continued after the others gave up on it
+          const double s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          const std::string m = e.what();
+          REQUIRE(m.find("rank 2 has sent no heartbeat") != std::string::npos,
+                  "rank " << rank << ": " << m);
+          REQUIRE(m.find("stopped or frozen") != std::string::npos, m);
+          REQUIRE(s < 6, "rank " << rank << " failed only after " << s << " s");
+          std::printf("rank %d failed after %.1f s: %s\n", rank, s, m.c_str());
+          return;
+        }
+        REQUIRE(false, "rank " << rank << ": allreduce #1 completed while rank 2 was stopped");
+      },
+      o);
+  cohort::testing::expect_all_ok(rs);
+}
+
+// A rank busy in user code for 4 s still beats: the others wait for it, with a heartbeat
+// timeout of 1.5 s, and the call completes.
+TEST(Heartbeat, ARankBusyInUserCodeIsWaitedFor) {
+  RunOptions o;
+  o.env["COHORT_TIMEOUT"] = "30";
+  o.env["COHORT_HEARTBEAT"] = "0.2";
+  o.env["COHORT_HEARTBEAT_TIMEOUT"] = "1.5";
+  auto rs = run_ranks(
+      3,
+      [](int rank) {
+        auto c = init();
+        std::vector<float> v(1000, 1.0f);
+        if (rank == 2) ::usleep(4000000);
+        c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        REQUIRE(v[0] == 3.0f, "rank " << rank << ": " << v[0]);
+      },
+      o);
+  cohort::testing::expect_all_ok(rs);
 }
 
 TEST(Flight, TheDoctorRefusesAnEmptyFolder) {

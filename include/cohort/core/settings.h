@@ -16,6 +16,8 @@ namespace cohort::env {
 struct Settings {
   // comm
   double timeout_s = 300;                    // COHORT_TIMEOUT
+  double heartbeat_s = 1;                    // COHORT_HEARTBEAT: interval; 0: none
+  double heartbeat_timeout_s = 10;           // COHORT_HEARTBEAT_TIMEOUT: silence that fails
   std::string transport = "auto";            // COHORT_TRANSPORT: auto | shm | tcp | ucx
   std::string backend = "cohort";            // COHORT_BACKEND: cohort | mpi
   std::string algo = "auto";                 // COHORT_ALGO
