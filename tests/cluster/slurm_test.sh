@@ -75,8 +75,8 @@ pass=0 fail=0
 out=$(timeout 120 srun -n 4 --overcommit "$bin" bench comm --min-bytes 8 --max-bytes 1M --factor 16 \
   --iters 3 --warmup 1 --check 2>&1)
 code=$?
-if [ $code -eq 0 ] && echo "$out" | grep -q "4 ranks on 1 host(s)" &&
-   echo "$out" | grep -q "Out of bounds values : 0 OK"; then
+if [ $code -eq 0 ] && grep -q "4 ranks on 1 host(s)" <<< "$out" &&
+   grep -q "Out of bounds values : 0 OK" <<< "$out"; then
   echo "PASS: srun -n 4 cohort bench comm"; pass=$((pass + 1))
 else
   echo "FAIL: srun -n 4 cohort bench comm (exit $code)"; echo "$out" | tail -20; fail=$((fail + 1))
@@ -85,8 +85,8 @@ fi
 out=$(timeout 120 srun -n 2 --overcommit "$bin" train --model smallcnn --data "$dir/scans" --epochs 2 \
   --batch 8 --image-size 24 --log-every 4 2>&1)
 code=$?
-if [ $code -eq 0 ] && echo "$out" | grep -q "2 rank(s)" && echo "$out" | grep -q "DDP over" &&
-   echo "$out" | grep -q "epoch 2/2 step 8/8"; then
+if [ $code -eq 0 ] && grep -q "2 rank(s)" <<< "$out" && grep -q "DDP over" <<< "$out" &&
+   grep -q "epoch 2/2 step 8/8" <<< "$out"; then
   echo "PASS: srun -n 2 cohort train (data parallel)"; pass=$((pass + 1))
 else
   echo "FAIL: srun -n 2 cohort train (exit $code)"; echo "$out" | tail -20; fail=$((fail + 1))
