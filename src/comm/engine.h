@@ -86,13 +86,13 @@ class Engine {
 
   // Told the peers a waiting exchange still waits on, when that set changes ({} when it ends).
   // The flight recorder listens; the engine knows nothing more of it.
+  void set_wait_observer(std::function<void(const std::vector<int>&)> f) {
+    wait_observer_ = std::move(f);
+  }
   // Asked, once a wait has lasted the heartbeat timeout, whether a waited-on peer is silent
   // (stopped or frozen): a non-empty answer fails the call with it.
   void set_silence_check(std::function<std::string(const std::vector<int>&)> f) {
     silence_check_ = std::move(f);
-  }
-  void set_wait_observer(std::function<void(const std::vector<int>&)> f) {
-    wait_observer_ = std::move(f);
   }
 
   // Failure: after abort() every exchange fails at its next idle check, and every link tells

@@ -41,7 +41,11 @@ std::optional<std::chrono::milliseconds> Heartbeat::silent_for(int peer) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = seen_.find(peer);
   if (it == seen_.end() || it->second.reads < 2) return std::nullopt;
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - it->second.since);
+  const auto now = Clock::now();
+  if (now - it->second.last_read > std::max(3 * interval_, std::chrono::milliseconds(1500))) {
+    return std::nullopt;
+  }
+  return std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second.since);
 }
 
 void Heartbeat::loop() {
@@ -79,6 +83,7 @@ void Heartbeat::loop() {
         s.count = n;
         s.since = now;
       }
+      s.last_read = now;
       ++s.reads;
     }
     cv_.wait_until(lock, next_beat, [&] { return stopping_; });

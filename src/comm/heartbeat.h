@@ -27,15 +27,17 @@ class Heartbeat {
 
   // The peers whose beats to follow (the engine's waited-on peers; empty: none).
   void watch(const std::vector<int>& peers);
-  // How long a watched peer's counter has stood still, once seen at least twice; nullopt when
-  // it moved, is not watched yet, or was never read.
+  // How long a watched peer's counter has stood still, once read at least twice; nullopt when
+  // it is not watched, or when the store has not answered lately (a store that is down or slow
+  // says nothing about the peer).
   std::optional<std::chrono::milliseconds> silent_for(int peer) const;
 
  private:
   void loop();
   struct Seen {
     int64_t count = -1;
-    Clock::time_point since;  // when `count` was first read
+    Clock::time_point since;      // when `count` was first read
+    Clock::time_point last_read;  // the last read the store answered
     int reads = 0;
   };
   Store store_;
