@@ -22,9 +22,10 @@ constexpr double kGiB = 1024.0 * 1024 * 1024;
 
 std::vector<int> parse_nodes(const std::string& text, int cluster_nodes) {
   std::vector<int> out;
-  if (text.empty()) {
-    for (int n = 1; n <= std::max(1, cluster_nodes); n *= 2) out.push_back(n);
-    if (out.back() != cluster_nodes && cluster_nodes > 1) out.push_back(cluster_nodes);
+  if (text.empty()) {  // 1, 2, 4 ... the cluster's nodes; 32 for a cluster of one node
+    const int last = cluster_nodes > 1 ? cluster_nodes : 32;
+    for (int n = 1; n <= last; n *= 2) out.push_back(n);
+    if (out.back() != last) out.push_back(last);
     return out;
   }
   std::stringstream s(text);
@@ -113,8 +114,8 @@ Run add_plan(CLI::App& app) {
   app.add_option("--cluster", o->cluster,
                  "A preset (dgx-h100, dgx-a100, a100-pcie-100gbe, cpu-host) or a TOML/JSON file");
   app.add_option("--nodes", o->nodes,
-                 "Node counts, e.g. 1,2,4,8 (default: 1, 2, 4 ... the "
-                 "cluster's nodes)");
+                 "Node counts, e.g. 1,2,4,8 (default: 1, 2, 4 ... the cluster file's nodes, "
+                 "or 32)");
   app.add_option("--nic-gbit", o->nic_gbit, "Override the NIC rate, Gbit/s per NIC")
       ->check(CLI::Range(0.001, 100000.0));
   app.add_option("--decode-per-core", o->decode_per_core,
