@@ -157,10 +157,12 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
     all.assign(mine, mine + 2);
   }
   for (int r = 0; r < size; ++r) {
-    COHORT_CHECK(all[2 * static_cast<size_t>(r)] >= 0,
-                 "checkpoint at step " << pos.step << ": rank " << r << " could not write its shard"
-                                       << (r == rank ? ": " + error : std::string()) << "; " << dir
-                                       << " keeps the previous checkpoint");
+    if (all[2 * static_cast<size_t>(r)] < 0) {
+      COHORT_THROW("checkpoint at step " << pos.step << ": rank " << r
+                                         << " could not write its shard"
+                                         << (r == rank ? ": " + error : std::string()) << "; "
+                                         << dir << " keeps the previous checkpoint");
+    }
   }
 
   if (rank == 0) {

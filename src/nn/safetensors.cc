@@ -37,6 +37,8 @@ void write_file_atomically(const std::string& path,
                            const std::vector<std::pair<const void*, size_t>>& parts,
                            const VerifyFile& verify) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) COHORT_THROW("cannot create " << tmp << ": " << errno_string(errno));
   auto fail = [&](const char* what) {
@@ -44,7 +46,7 @@ void write_file_atomically(const std::string& path,
     ::close(fd);
     ::unlink(tmp.c_str());
     COHORT_THROW(what << " " << tmp << " (for " << path << "): " << errno_string(err)
-                      << "; the previous " << path << " is untouched");
+                      << (existed ? "; the previous " + path + " is untouched" : std::string()));
   };
   for (auto& [ptr, len] : parts) {
     const char* p = static_cast<const char*>(ptr);
