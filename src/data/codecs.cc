@@ -3,10 +3,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csetjmp>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
+
+// clang-format off
+#include <jpeglib.h>  // after <cstdio>: it needs FILE
+// clang-format on
 
 #include "cohort/data/dicom.h"
 #include "cohort/data/image.h"
@@ -77,6 +82,135 @@ ImageInfo probe(std::span<const uint8_t> bytes, const std::string& name) {
     COHORT_THROW_AS(DecodeError, name << ": unknown image format (" << bytes.size() << " bytes)");
   }
   return info;
+}
+
+// ---------------------------------------------------------------------------------------------
+// JPEG regions, through libjpeg's API (TurboJPEG 2 has no cropping). libjpeg reports errors by
+// longjmp: the phases that call it keep no C++ object in their frames, and the state they share
+// lives in a plain struct the caller owns.
+
+namespace {
+
+struct JpegError {
+  jpeg_error_mgr mgr;
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void jpeg_fail(j_common_ptr c) {
+  auto* e = reinterpret_cast<JpegError*>(c->err);
+  (*c->err->format_message)(c, e->message);
+  longjmp(e->jump, 1);
+}
+
+// Warnings (corrupt data, a truncated file) are errors, as for the whole decode: a partly grey
+// crop would train the model on garbage.
+void jpeg_message(j_common_ptr c, int level) {
+  if (level < 0) jpeg_fail(c);
+}
+
+struct JpegRegionState {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  bool created;
+};
+
+// Reads the header and starts decompression of the scaled image cut to `want` (scaled pixels:
+// x0, y0, x1, y1); `got` receives the columns kept (x0, width) and the output's channels.
+// Returns 1 on success, 0 on a libjpeg error (message in err), 2 when the colour space needs the
+// whole-image path.
+int jpeg_region_begin(JpegRegionState* s, const uint8_t* data, size_t size, int scale, int fast,
+                      const double* region, int* got) {
+  s->cinfo.err = jpeg_std_error(&s->err.mgr);
+  s->err.mgr.error_exit = jpeg_fail;
+  s->err.mgr.emit_message = jpeg_message;
+  if (setjmp(s->err.jump)) return 0;
+  jpeg_create_decompress(&s->cinfo);
+  s->created = true;
+  jpeg_mem_src(&s->cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&s->cinfo, TRUE);
+  const J_COLOR_SPACE cs = s->cinfo.jpeg_color_space;
+  if (cs != JCS_GRAYSCALE && cs != JCS_YCbCr && cs != JCS_RGB) return 2;
+  s->cinfo.out_color_space = cs == JCS_GRAYSCALE ? JCS_GRAYSCALE : JCS_RGB;
+  s->cinfo.scale_num = static_cast<unsigned>(scale);
+  s->cinfo.scale_denom = 8;
+  s->cinfo.dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
+  jpeg_start_decompress(&s->cinfo);
+  const double sx = static_cast<double>(s->cinfo.output_width) / s->cinfo.image_width;
+  const double sy = static_cast<double>(s->cinfo.output_height) / s->cinfo.image_height;
+  const int ow = static_cast<int>(s->cinfo.output_width);
+  const int oh = static_cast<int>(s->cinfo.output_height);
+  // A margin of one MCU (16 pixels) around the region: fancy upsampling of subsampled chroma
+  // restarts at a cut, so the rows and columns next to one differ from the whole decode.
+  constexpr int kMargin = 16;
+  int x0 = static_cast<int>(region[0] * sx) - kMargin,
+      y0 = static_cast<int>(region[1] * sy) - kMargin;
+  int x1 = static_cast<int>(region[2] * sx + 0.999999) + kMargin,
+      y1 = static_cast<int>(region[3] * sy + 0.999999) + kMargin;
+  x0 = x0 < 0 ? 0 : (x0 >= ow ? ow - 1 : x0);
+  y0 = y0 < 0 ? 0 : (y0 >= oh ? oh - 1 : y0);
+  x1 = x1 <= x0 ? x0 + 1 : (x1 > ow ? ow : x1);
+  y1 = y1 <= y0 ? y0 + 1 : (y1 > oh ? oh : y1);
+  JDIMENSION xoff = static_cast<JDIMENSION>(x0), width = static_cast<JDIMENSION>(x1 - x0);
+  if (width < static_cast<JDIMENSION>(ow)) jpeg_crop_scanline(&s->cinfo, &xoff, &width);
+  if (y0 > 0) jpeg_skip_scanlines(&s->cinfo, static_cast<JDIMENSION>(y0));
+  got[0] = static_cast<int>(xoff);
+  got[1] = static_cast<int>(s->cinfo.output_width);
+  got[2] = y0;
+  got[3] = y1 - y0;
+  got[4] = s->cinfo.output_components;
+  return 1;
+}
+
+// Reads `rows` rows into dst; 1 on success, 0 on a libjpeg error.
+int jpeg_region_read(JpegRegionState* s, uint8_t* dst, size_t row_bytes, int rows) {
+  if (setjmp(s->err.jump)) return 0;
+  for (int r = 0; r < rows; ++r) {
+    JSAMPROW row = dst + static_cast<size_t>(r) * row_bytes;
+    if (jpeg_read_scanlines(&s->cinfo, &row, 1) != 1) return 0;
+  }
+  return 1;
+}
+
+}  // namespace
+
+Image decode_jpeg_region(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths,
+                         Idct idct, PixelRegion region, PixelRegion* origin) {
+  auto s = std::make_unique<JpegRegionState>();
+  std::memset(s.get(), 0, sizeof(JpegRegionState));
+  struct Destroy {
+    JpegRegionState* s;
+    ~Destroy() {
+      if (s->created) jpeg_destroy_decompress(&s->cinfo);
+    }
+  } destroy{s.get()};
+  const double want[4] = {static_cast<double>(region.x), static_cast<double>(region.y),
+                          static_cast<double>(region.x) + region.w,
+                          static_cast<double>(region.y) + region.h};
+  int got[5] = {0, 0, 0, 0, 0};
+  const int begun = jpeg_region_begin(s.get(), bytes.data(), bytes.size(), scale_eighths,
+                                      idct == Idct::fast, want, got);
+  if (begun == 0) {
+    s->err.message[JMSG_LENGTH_MAX - 1] = 0;
+    COHORT_THROW_AS(DecodeError, name << ": JPEG decode failed: " << s->err.message);
+  }
+  if (begun == 2) {
+    Image whole = decode(bytes, name, scale_eighths, idct);
+    *origin = PixelRegion{0, 0, whole.width, whole.height};
+    return whole;
+  }
+  Image img;
+  img.width = got[1];
+  img.height = got[3];
+  img.channels = got[4];
+  img.bits = 8;
+  img.data.resize(img.row_bytes() * static_cast<size_t>(img.height));
+  if (!jpeg_region_read(s.get(), img.data.data(), img.row_bytes(), img.height)) {
+    s->err.message[JMSG_LENGTH_MAX - 1] = 0;
+    COHORT_THROW_AS(DecodeError, name << ": JPEG decode failed: " << s->err.message);
+  }
+  *origin = PixelRegion{got[0], got[2], img.width, img.height};
+  return img;
 }
 
 int jpeg_scale_for(int region_w, int region_h, int min_side) {

@@ -250,14 +250,22 @@ void Pipeline::run_task(size_t t, Slot& s) {
       const int y1 = std::min(info.height, static_cast<int>(std::ceil(box.y + box.h)) + 2);
       img = dicom->window(opt_.window, PixelRegion{x0, y0, x1 - x0, y1 - y0});
       sbox = CropBox{box.x - x0, box.y - y0, box.w, box.h};
+    } else if (info.format == Format::jpeg) {
+      // Only the crop's blocks (and two pixels around it for the resampling taps) are decoded,
+      // downscaled in the DCT domain as far as the crop allows.
+      const int e = jpeg_scale_for(static_cast<int>(box.w), static_cast<int>(box.h), S);
+      const int x0 = std::max(0, static_cast<int>(std::floor(box.x)) - 2);
+      const int y0 = std::max(0, static_cast<int>(std::floor(box.y)) - 2);
+      const int x1 = std::min(info.width, static_cast<int>(std::ceil(box.x + box.w)) + 2);
+      const int y1 = std::min(info.height, static_cast<int>(std::ceil(box.y + box.h)) + 2);
+      PixelRegion at;
+      img =
+          decode_jpeg_region(bytes, name, e, opt_.idct, PixelRegion{x0, y0, x1 - x0, y1 - y0}, &at);
+      const double sx = static_cast<double>((info.width * e + 7) / 8) / info.width;
+      const double sy = static_cast<double>((info.height * e + 7) / 8) / info.height;
+      sbox = CropBox{box.x * sx - at.x, box.y * sy - at.y, box.w * sx, box.h * sy};
     } else {
-      const int eighths = info.format == Format::jpeg
-                              ? jpeg_scale_for(static_cast<int>(box.w), static_cast<int>(box.h), S)
-                              : 8;
-      img = decode(bytes, name, eighths, opt_.idct);
-      const double sx = static_cast<double>(img.width) / info.width;
-      const double sy = static_cast<double>(img.height) / info.height;
-      sbox = CropBox{box.x * sx, box.y * sy, box.w * sx, box.h * sy};
+      img = decode(bytes, name, 8, opt_.idct);
     }
     if (img.channels != info.channels) {
       COHORT_THROW_AS(DecodeError, name << ": " << img.channels << " channels after decoding");

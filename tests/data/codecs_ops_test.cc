@@ -86,6 +86,64 @@ TEST(Codecs, JpegDecodedTwoWaysAgrees) {
   EXPECT_EQ(jpeg_scale_for(100, 100, 224), 8);
 }
 
+// A region decoded alone has the pixels the whole decode has there: at every DCT scale, for
+// colour with chroma subsampling and for grey, for regions at the edges and inside, with both
+// inverse DCTs. And a truncated file is an error naming it, as for the whole decode.
+TEST(Codecs, JpegRegionsMatchTheWholeDecode) {
+  for (int c : {3, 1}) {
+    Image img = pattern(500, 375, c, 8);
+    for (int y = 0; y < 375; ++y) {  // some texture, so that blocks differ
+      for (int x = 0; x < 500; ++x) {
+        for (int k = 0; k < c; ++k) {
+          auto& v = img.data[(static_cast<size_t>(y) * 500 + x) * c + k];
+          v = static_cast<uint8_t>((v + ((x / 13) ^ (y / 7)) * 5) & 255);
+        }
+      }
+    }
+    const auto jpg = encode_jpeg(img, 85);
+    for (Idct idct : {Idct::fast, Idct::accurate}) {
+      for (int e : {8, 5, 4, 2}) {
+        const Image whole = decode(jpg, "w.jpg", e, idct);
+        for (PixelRegion r : {PixelRegion{0, 0, 500, 375}, PixelRegion{123, 77, 201, 150},
+                              PixelRegion{350, 260, 150, 115}, PixelRegion{0, 300, 40, 75},
+                              PixelRegion{499, 374, 1, 1}}) {
+          PixelRegion at;
+          const Image part = decode_jpeg_region(jpg, "r.jpg", e, idct, r, &at);
+          ASSERT_EQ(part.channels, c);
+          // The part covers the region, scaled, and has the whole decode's pixels there.
+          const double sx = static_cast<double>(whole.width) / 500;
+          const double sy = static_cast<double>(whole.height) / 375;
+          const int x0 = static_cast<int>(r.x * sx), y0 = static_cast<int>(r.y * sy);
+          const int x1 = std::min(whole.width, static_cast<int>(std::ceil((r.x + r.w) * sx)));
+          const int y1 = std::min(whole.height, static_cast<int>(std::ceil((r.y + r.h) * sy)));
+          ASSERT_LE(at.x, x0);
+          ASSERT_LE(at.y, y0);
+          ASSERT_GE(at.x + part.width, x1);
+          ASSERT_GE(at.y + part.height, y1);
+          int differ = 0;
+          for (int y = y0; y < y1; ++y) {
+            for (int x = x0; x < x1; ++x) {
+              for (int k = 0; k < c; ++k) {
+                differ += part.at(x - at.x, y - at.y, k) != whole.at(x, y, k);
+              }
+            }
+          }
+          EXPECT_EQ(differ, 0) << c << " channels, scale " << e << "/8, region " << r.x << ","
+                               << r.y << " " << r.w << "x" << r.h;
+        }
+      }
+    }
+    std::vector<uint8_t> cut(jpg.begin(), jpg.begin() + static_cast<long>(jpg.size() * 2 / 3));
+    PixelRegion at;
+    try {
+      decode_jpeg_region(cut, "bad/cut.jpg", 8, Idct::fast, PixelRegion{0, 300, 500, 75}, &at);
+      FAIL() << "decoded the rows a truncated file does not have";
+    } catch (const DecodeError& e) {
+      EXPECT_NE(std::string(e.what()).find("bad/cut.jpg"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Codecs, CorruptTruncatedAndEmptyInputsAreErrorsNamingTheFile) {
   Image img = pattern(64, 48, 3, 8);
   auto jpg = encode_jpeg(img, 90);

@@ -23,11 +23,6 @@ struct Window {
 // y in [0, 1] for a modality value x (after rescale), DICOM's linear VOI function.
 double voi_linear(double x, Window w);
 
-// A rectangle of an image, in pixels.
-struct PixelRegion {
-  int x = 0, y = 0, w = 0, h = 0;
-};
-
 // Decodes to a 16-bit grayscale image whose values are the windowed intensities scaled to
 // [0, 65535], MONOCHROME1 inverted. `window` overrides the file's; with neither, the full range
 // of the modality values (of the whole image) is used. With `region`, only that rectangle is

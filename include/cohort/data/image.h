@@ -31,6 +31,11 @@ struct Image {
   }
 };
 
+// A rectangle of an image, in pixels.
+struct PixelRegion {
+  int x = 0, y = 0, w = 0, h = 0;
+};
+
 enum class Format { jpeg, png, dicom, unknown };
 Format sniff(const uint8_t* p, size_t n);
 
@@ -48,6 +53,15 @@ enum class Idct { fast, accurate };
 // (1..8) asks for DCT-domain downscaling.
 Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths = 8,
              Idct idct = Idct::fast);
+// The part of a JPEG that covers `region` (in the image's own pixels) and a margin of 16 pixels,
+// downscaled by `scale_eighths`/8 in the DCT domain. Inside the region its pixels are those a
+// whole decode gives (at a cut, chroma upsampling restarts: the margin absorbs that). Rows
+// below are never decoded; rows above are entropy-decoded only; columns are cut to whole blocks.
+// `origin` gets the returned image's top-left corner in the scaled image. A random crop needs half
+// a training image on average: measured by bench/compare-data. CMYK and YCCK files, which libjpeg
+// cannot convert to RGB, are decoded whole (origin 0, 0).
+Image decode_jpeg_region(std::span<const uint8_t> bytes, const std::string& name, int scale_eighths,
+                         Idct idct, PixelRegion region, PixelRegion* origin);
 // The largest JPEG downscale (in eighths) that keeps a w x h region at least `min_side` pixels.
 int jpeg_scale_for(int region_w, int region_h, int min_side);
 
