@@ -280,8 +280,8 @@ Prediction predict(const ModelProfile& p, const Cluster& c, const Strategy& s, i
   const double micro = st.forward + st.backward;
 
   // The communicating micro-batch: backward starts at 0; `end` is when its last reduction ends.
-  double busy = 0, exposed = 0, per_micro_exposed = 0;
-  auto reductions = [&](bool record) {
+  double busy = 0, exposed = 0;
+  auto reductions = [&]() {
     double b = 0, end = 0;
     if (single) return 0.0;
     switch (s.mode) {
@@ -327,12 +327,11 @@ Prediction predict(const ModelProfile& p, const Cluster& c, const Strategy& s, i
         end = run_link(unit_groups(st, gb), 0, hybrid_reduce_ms, k, &b);
         break;
     }
-    if (record) busy += b;
+    busy += b;
     return std::max(0.0, end - st.backward);
   };
   const bool every_micro = s.mode != Mode::ddp && !(s.accum > 1 && s.accum_local);
-  per_micro_exposed = reductions(true);
-  exposed = per_micro_exposed;
+  exposed = reductions();
   if (every_micro && s.accum > 1) {
     busy *= s.accum;
     exposed *= s.accum;
