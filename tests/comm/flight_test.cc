@@ -42,6 +42,18 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
+// Stops this process (SIGSTOP: every thread stands still) until a helper, the operator who
+// continues it, sends SIGCONT after `usec`; the helper dies with it.
+void stop_until_continued(useconds_t usec) {
+  if (::fork() == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::usleep(usec);
+    ::kill(::getppid(), SIGCONT);
+    ::_exit(0);
+  }
+  ::raise(SIGSTOP);
+}
+
 // Ranks that write their flight records into `dir` and time out after `timeout_s` seconds.
 RunOptions flight_run(const TempDir& dir, int timeout_s) {
   RunOptions o;
@@ -138,15 +150,7 @@ TEST(Flight, AStoppedRankIsNamedByTheRanksWaitingOnIt) {
         auto c = init();
         std::vector<float> v(1000, 1.0f);
         c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
-        if (rank == 2) {
-          if (::fork() == 0) {  // the operator who continues it later, gone with it
-            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-            ::usleep(4000000);
-            ::kill(::getppid(), SIGCONT);
-            ::_exit(0);
-          }
-          ::raise(SIGSTOP);
-        }
+        if (rank == 2) stop_until_continued(4000000);
         try {
           c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
         } catch (const cohort::CommError& e) {
@@ -180,15 +184,7 @@ TEST(Heartbeat, AStoppedRankIsNamedLongBeforeTheTimeout) {
         auto c = init();
         std::vector<float> v(1000, 1.0f);
         c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
-        if (rank == 2) {
-          if (::fork() == 0) {  // continues it once the others have failed, gone with it
-            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-            ::usleep(8000000);
-            ::kill(::getppid(), SIGCONT);
-            ::_exit(0);
-          }
-          ::raise(SIGSTOP);
-        }
+        if (rank == 2) stop_until_continued(8000000);  // after the others failed
         const auto t0 = std::chrono::steady_clock::now();
         try {
           c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
