@@ -83,7 +83,23 @@ struct StoredFormat {
   int bits_allocated = 0, bits_stored = 0, high_bit = -1;
   bool is_signed = false, monochrome1 = false;
   double slope = 1.0, intercept = 0.0;
+  int samples = 1;  // 3: RGB, 8-bit, interleaved (converted so when decoded)
 };
+
+// A colour image's region as it is: 8-bit RGB needs no window.
+Image rgb_region(const uint8_t* raw, const StoredFormat& f, PixelRegion r) {
+  Image out;
+  out.width = r.w;
+  out.height = r.h;
+  out.channels = 3;
+  out.bits = 8;
+  out.data.resize(out.row_bytes() * static_cast<size_t>(r.h));
+  for (int y = 0; y < r.h; ++y) {
+    std::memcpy(out.data.data() + static_cast<size_t>(y) * out.row_bytes(),
+                raw + (static_cast<size_t>(r.y + y) * f.width + r.x) * 3, out.row_bytes());
+  }
+  return out;
+}
 
 // The windowed output of stored values through one table: stored value -> modality value
 // (rescale) -> VOI window -> [0, 65535], MONOCHROME1 inverted. Stored values have at most 16
@@ -93,6 +109,14 @@ struct StoredFormat {
 Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Window> window,
                     std::optional<PixelRegion> region) {
   const size_t px = static_cast<size_t>(f.width) * static_cast<size_t>(f.height);
+  if (f.samples == 3) {
+    PixelRegion r = region.value_or(PixelRegion{0, 0, f.width, f.height});
+    r.x = std::clamp(r.x, 0, f.width);
+    r.y = std::clamp(r.y, 0, f.height);
+    r.w = std::clamp(r.w, 0, f.width - r.x);
+    r.h = std::clamp(r.h, 0, f.height - r.y);
+    return rgb_region(raw, f, r);
+  }
   const int alloc = f.bits_allocated;
   const int stored = std::clamp(f.bits_stored > 0 ? f.bits_stored : alloc, 1, alloc);
   const int high = f.high_bit >= 0 ? std::min(f.high_bit, alloc - 1) : stored - 1;
@@ -406,6 +430,26 @@ std::string repaired_for_gdcm(std::span<const uint8_t> bytes) {
   return out.str();
 }
 
+// Colour pixels as interleaved RGB: planes (RRR... GGG... BBB...) interleaved, and YBR_FULL
+// (full-range YCbCr, PS3.3 C.7.6.3.1.2) converted with its inverse.
+void to_interleaved_rgb(std::vector<uint8_t>& raw, size_t px, bool planar, bool ybr) {
+  if (planar) {
+    std::vector<uint8_t> out(px * 3);
+    for (size_t i = 0; i < px; ++i) {
+      for (size_t c = 0; c < 3; ++c) out[3 * i + c] = raw[c * px + i];
+    }
+    std::memcpy(raw.data(), out.data(), px * 3);
+  }
+  if (!ybr) return;
+  auto clamp8 = [](double v) { return static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L)); };
+  for (size_t i = 0; i < px; ++i) {
+    const double y = raw[3 * i], cb = raw[3 * i + 1] - 128.0, cr = raw[3 * i + 2] - 128.0;
+    raw[3 * i] = clamp8(y + 1.402 * cr);
+    raw[3 * i + 1] = clamp8(y - 0.344136 * cb - 0.714136 * cr);
+    raw[3 * i + 2] = clamp8(y + 1.772 * cb);
+  }
+}
+
 StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string& name) {
   const std::string repaired = repaired_for_gdcm(bytes);
   if (!repaired.empty()) {
@@ -420,9 +464,17 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   const gdcm::Image& img = reader.GetImage();
   const unsigned* dims = img.GetDimensions();
   const gdcm::PixelFormat pf = img.GetPixelFormat();
-  if (pf.GetSamplesPerPixel() != 1) {
-    COHORT_THROW_AS(DecodeError, name << ": " << pf.GetSamplesPerPixel()
-                                      << " samples per pixel; only grayscale DICOM is supported");
+  const unsigned samples = pf.GetSamplesPerPixel();
+  const gdcm::PhotometricInterpretation pi = img.GetPhotometricInterpretation();
+  if (samples != 1 && samples != 3) {
+    COHORT_THROW_AS(DecodeError,
+                    name << ": " << samples << " samples per pixel; grayscale or RGB DICOM only");
+  }
+  if (samples == 3 &&
+      (pf.GetBitsAllocated() != 8 || (pi != gdcm::PhotometricInterpretation::RGB &&
+                                      pi != gdcm::PhotometricInterpretation::YBR_FULL))) {
+    COHORT_THROW_AS(DecodeError, name << ": colour as " << pi << " at " << pf.GetBitsAllocated()
+                                      << " bits; colour DICOM is read as 8-bit RGB or YBR_FULL");
   }
   const int W = static_cast<int>(dims[0]), H = static_cast<int>(dims[1]);
   const size_t len = img.GetBufferLength();
@@ -431,6 +483,18 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   const gdcm::File& file = reader.GetFile();
   const gdcm::TransferSyntax ts = file.GetHeader().GetDataSetTransferSyntax();
   const bool explicit_vr = ts.IsExplicit();
+  // Fragments where they cannot be (a transfer syntax that is not encapsulated, or a VR other
+  // than OB/OW, as in pydicom's SC_rgb_jpeg.dcm): GDCM reads such a file, then asserts, aborting
+  // the process, when asked the data set's length or its pixels.
+  for (const gdcm::DataElement& de : file.GetDataSet().GetDES()) {
+    if (!de.GetSequenceOfFragments()) continue;
+    if (!ts.IsEncapsulated() || (explicit_vr && !(de.GetVR() & gdcm::VR::OB_OW))) {
+      COHORT_THROW_AS(DecodeError, name << ": element " << de.GetTag()
+                                        << " holds fragments with VR " << de.GetVR()
+                                        << " under transfer syntax " << ts
+                                        << "; only encapsulated OB/OW pixel data may");
+    }
+  }
   // A deflated data set's declared lengths are those of the inflated data, not of the file.
   const bool deflated = ts == gdcm::TransferSyntax::DeflatedExplicitVRLittleEndian;
   const uint64_t declared =
@@ -449,7 +513,7 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   }
   const size_t px = static_cast<size_t>(W) * H;  // first frame only
   const int alloc = pf.GetBitsAllocated();
-  if ((alloc != 8 && alloc != 16) || len < px * (alloc / 8)) {
+  if ((alloc != 8 && alloc != 16) || len < px * (alloc / 8) * samples) {
     COHORT_THROW_AS(DecodeError, name << ": " << alloc << " bits allocated, " << len
                                       << " bytes of pixel data for " << W << "x" << H);
   }
@@ -464,6 +528,13 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
       img.GetPhotometricInterpretation() == gdcm::PhotometricInterpretation::MONOCHROME1;
   f.slope = img.GetSlope();
   f.intercept = img.GetIntercept();
+  f.samples = static_cast<int>(samples);
+  // GDCM's JPEG decoders hand out RGB already (libjpeg converts YCbCr); native and RLE data
+  // come as stored. Checked against pydicom on its colour test files.
+  const bool jpeg_family = ts.IsEncapsulated() && ts != gdcm::TransferSyntax::RLELossless;
+  if (samples == 3)
+    to_interleaved_rgb(raw, px, img.GetPlanarConfiguration() == 1,
+                       pi == gdcm::PhotometricInterpretation::YBR_FULL && !jpeg_family);
   return StoredPixels{f, nullptr, std::move(raw), file_window(reader.GetFile().GetDataSet())};
 }
 
@@ -483,7 +554,7 @@ DicomPixels::~DicomPixels() = default;
 DicomPixels::DicomPixels(DicomPixels&&) noexcept = default;
 
 ImageInfo DicomPixels::info() const {
-  return ImageInfo{s_->format.width, s_->format.height, 1, Format::dicom};
+  return ImageInfo{s_->format.width, s_->format.height, s_->format.samples, Format::dicom};
 }
 
 Image DicomPixels::window(std::optional<Window> window, std::optional<PixelRegion> region) const {
@@ -505,24 +576,38 @@ Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
 
 std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& opt) {
   quiet_gdcm();
-  COHORT_CHECK(stored.channels == 1, "DICOM writer: grayscale only");
+  COHORT_CHECK(stored.channels == 1 || (stored.channels == 3 && stored.bits == 8),
+               "DICOM writer: grayscale, or 8-bit RGB");
+  const bool rgb = stored.channels == 3;
   gdcm::SmartPointer<gdcm::Image> im = new gdcm::Image;
   im->SetNumberOfDimensions(2);
   im->SetDimension(0, static_cast<unsigned>(stored.width));
   im->SetDimension(1, static_cast<unsigned>(stored.height));
   const unsigned short alloc = static_cast<unsigned short>(stored.bits);
-  gdcm::PixelFormat pf(1, alloc, static_cast<unsigned short>(opt.bits_stored),
-                       static_cast<unsigned short>(opt.bits_stored - 1),
+  const unsigned short bits = rgb ? 8 : static_cast<unsigned short>(opt.bits_stored);
+  gdcm::PixelFormat pf(rgb ? 3 : 1, alloc, bits, static_cast<unsigned short>(bits - 1),
                        static_cast<unsigned short>(opt.is_signed ? 1 : 0));
   im->SetPixelFormat(pf);
-  im->SetPhotometricInterpretation(opt.monochrome1 ? gdcm::PhotometricInterpretation::MONOCHROME1
-                                                   : gdcm::PhotometricInterpretation::MONOCHROME2);
+  im->SetPhotometricInterpretation(rgb ? gdcm::PhotometricInterpretation::RGB
+                                   : opt.monochrome1
+                                       ? gdcm::PhotometricInterpretation::MONOCHROME1
+                                       : gdcm::PhotometricInterpretation::MONOCHROME2);
+  std::vector<uint8_t> planes;  // planar configuration 1: RRR... GGG... BBB...
+  if (rgb && opt.planar) {
+    const size_t px = static_cast<size_t>(stored.width) * stored.height;
+    planes.resize(px * 3);
+    for (size_t i = 0; i < px; ++i) {
+      for (size_t c = 0; c < 3; ++c) planes[c * px + i] = stored.data[3 * i + c];
+    }
+    im->SetPlanarConfiguration(1);
+  }
   im->SetTransferSyntax(gdcm::TransferSyntax::ExplicitVRLittleEndian);
   im->SetSlope(opt.slope);
   im->SetIntercept(opt.intercept);
   gdcm::DataElement pixel(gdcm::Tag(0x7fe0, 0x0010));
-  pixel.SetByteValue(reinterpret_cast<const char*>(stored.data.data()),
-                     static_cast<uint32_t>(stored.data.size()));
+  const std::vector<uint8_t>& bytes_out = planes.empty() ? stored.data : planes;
+  pixel.SetByteValue(reinterpret_cast<const char*>(bytes_out.data()),
+                     static_cast<uint32_t>(bytes_out.size()));
   im->SetDataElement(pixel);
   gdcm::ImageWriter w;
   w.SetImage(*im);
@@ -534,7 +619,7 @@ std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& 
   ds.Replace(sop.GetAsDataElement());
   gdcm::Attribute<0x0008, 0x0060> modality = {"OT"};
   ds.Replace(modality.GetAsDataElement());
-  const std::string pi = opt.monochrome1 ? "MONOCHROME1 " : "MONOCHROME2 ";
+  const std::string pi = rgb ? "RGB " : opt.monochrome1 ? "MONOCHROME1 " : "MONOCHROME2 ";
   gdcm::DataElement photometric(gdcm::Tag(0x0028, 0x0004));
   photometric.SetVR(gdcm::VR::CS);
   photometric.SetByteValue(pi.data(), static_cast<uint32_t>(pi.size()));

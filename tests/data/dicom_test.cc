@@ -1,5 +1,6 @@
 #include "cohort/data/dicom.h"
 
+#include <gdcmImageChangePhotometricInterpretation.h>
 #include <gdcmImageChangeTransferSyntax.h>
 #include <gdcmImageReader.h>
 #include <gdcmImageWriter.h>
@@ -174,6 +175,67 @@ TEST(Dicom, NativeAndDecodedPathsAgreeOnEveryTransferSyntax) {
     EXPECT_EQ(lo, 0);
     EXPECT_EQ(hi, 65535);
   }
+}
+
+// Colour DICOM (ultrasound, dermatology, secondary captures): 8-bit RGB, interleaved or planar,
+// native or through GDCM's decoders, comes back as the same interleaved RGB; a region is that
+// rectangle; probing says 3 channels.
+TEST(Dicom, RgbInterleavedAndPlanarDecodeToTheSamePixels) {
+  Image src;
+  src.width = 40;
+  src.height = 30;
+  src.channels = 3;
+  src.bits = 8;
+  src.data.resize(40 * 30 * 3);
+  for (size_t i = 0; i < src.data.size(); ++i) src.data[i] = static_cast<uint8_t>((i * 37) % 251);
+  for (bool planar : {false, true}) {
+    DicomWriteOptions o;
+    o.planar = planar;
+    const auto file = encode_dicom(src, o);
+    EXPECT_EQ(probe(file, "rgb.dcm").channels, 3);
+    const Image got = decode_dicom(file, "rgb.dcm");
+    ASSERT_EQ(got.channels, 3);
+    ASSERT_EQ(got.bits, 8);
+    EXPECT_EQ(got.data, src.data) << "planar " << planar;
+    const Image part = decode_dicom(file, "rgb.dcm", std::nullopt, PixelRegion{5, 4, 10, 7});
+    ASSERT_EQ(part.width, 10);
+    ASSERT_EQ(part.height, 7);
+    for (int y = 0; y < 7; ++y) {
+      for (int x = 0; x < 10; ++x) {
+        for (int c = 0; c < 3; ++c) ASSERT_EQ(part.at(x, y, c), src.at(5 + x, 4 + y, c));
+      }
+    }
+    for (const auto& ts :
+         {gdcm::TransferSyntax::ImplicitVRLittleEndian, gdcm::TransferSyntax::RLELossless}) {
+      const auto other = transcode(file, ts);
+      ASSERT_FALSE(other.empty()) << ts;
+      EXPECT_EQ(decode_dicom(other, "other.dcm").data, src.data) << ts << " planar " << planar;
+    }
+  }
+  // The same pixels as YBR_FULL (GDCM converts them): back to RGB within rounding.
+  const auto file = encode_dicom(src, DicomWriteOptions{});
+  std::istringstream in(std::string(file.begin(), file.end()));
+  gdcm::ImageReader r;
+  r.SetStream(in);
+  ASSERT_TRUE(r.Read());
+  gdcm::ImageChangePhotometricInterpretation change;
+  change.SetPhotometricInterpretation(gdcm::PhotometricInterpretation::YBR_FULL);
+  change.SetInput(r.GetImage());
+  ASSERT_TRUE(change.Change());
+  gdcm::ImageWriter w;
+  w.SetFile(r.GetFile());
+  w.SetImage(change.GetOutput());
+  std::ostringstream os;
+  w.SetStream(os);
+  ASSERT_TRUE(w.Write());
+  const std::string ybr = os.str();
+  ASSERT_NE(ybr.find("YBR_FULL"), std::string::npos);
+  const Image back = decode_dicom(std::vector<uint8_t>(ybr.begin(), ybr.end()), "ybr.dcm");
+  ASSERT_EQ(back.data.size(), src.data.size());
+  int worst = 0;
+  for (size_t i = 0; i < src.data.size(); ++i)
+    worst = std::max(worst, std::abs(int(back.data[i]) - int(src.data[i])));
+  EXPECT_LE(worst, 3);
 }
 
 TEST(Dicom, CompressedTransferSyntaxDecodesToTheSamePixels) {

@@ -26,7 +26,8 @@ double voi_linear(double x, Window w);
 // Decodes to a 16-bit grayscale image whose values are the windowed intensities scaled to
 // [0, 65535], MONOCHROME1 inverted. `window` overrides the file's; with neither, the full range
 // of the modality values (of the whole image) is used. With `region`, only that rectangle is
-// windowed and returned (a random crop reads a fraction of a large scan).
+// windowed and returned (a random crop reads a fraction of a large scan). Colour images (8-bit
+// RGB, interleaved or planar, or YBR_FULL) come back as 8-bit interleaved RGB, with no window.
 Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
                    std::optional<Window> window = std::nullopt,
                    std::optional<PixelRegion> region = std::nullopt);
@@ -55,8 +56,10 @@ struct DicomWriteOptions {
   double slope = 1.0, intercept = 0.0;
   std::optional<Window> window;
   bool monochrome1 = false;
+  bool planar = false;  // RGB: planar configuration 1 (RRR... GGG... BBB...)
 };
-// Writes a Secondary Capture image from raw stored values (bits_allocated = 8 or 16).
+// Writes a Secondary Capture image from raw stored values (bits_allocated = 8 or 16), or from
+// 8-bit RGB.
 std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& opt);
 
 }  // namespace cohort::data
