@@ -430,6 +430,48 @@ std::string repaired_for_gdcm(std::span<const uint8_t> bytes) {
   return out.str();
 }
 
+// 1-bit pixels (masks, overlays), packed eight to a byte with the first pixel in the lowest bit
+// (PS3.5 8.1.1), as 8-bit values 0 and 1.
+void unpack_bits(std::vector<uint8_t>& raw, size_t px, StoredFormat& f) {
+  std::vector<uint8_t> out(px);
+  for (size_t i = 0; i < px; ++i) out[i] = (raw[i / 8] >> (i % 8)) & 1u;
+  raw = std::move(out);
+  f.bits_allocated = 8;
+  f.bits_stored = 1;
+  f.high_bit = 0;
+  f.is_signed = false;
+}
+
+// 32-bit pixels (RT Dose grids, some parametric maps): the modality values of the first frame,
+// mapped linearly onto 16-bit stored values over their range, with the slope and intercept that
+// give the modality values back (within 1/65535 of the range, below what training sees). The
+// window then applies as to any other image.
+void quantize_32(std::vector<uint8_t>& raw, size_t px, StoredFormat& f, bool big_endian) {
+  std::vector<double> v(px);
+  for (size_t i = 0; i < px; ++i) {
+    uint32_t u;
+    std::memcpy(&u, raw.data() + 4 * i, 4);
+    if (big_endian) u = (u << 16) | (u >> 16);
+    const double s = f.is_signed ? static_cast<double>(static_cast<int32_t>(u)) : u;
+    v[i] = s * f.slope + f.intercept;
+  }
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  const double base = px ? *lo : 0.0, range = px ? *hi - *lo : 0.0;
+  const double step = range > 0 ? range / 65535.0 : 1.0;
+  std::vector<uint8_t> out(px * 2);
+  for (size_t i = 0; i < px; ++i) {
+    const auto q = static_cast<uint16_t>(std::lround((v[i] - base) / step));
+    std::memcpy(out.data() + 2 * i, &q, 2);
+  }
+  raw = std::move(out);
+  f.bits_allocated = 16;
+  f.bits_stored = 16;
+  f.high_bit = 15;
+  f.is_signed = false;
+  f.slope = step;
+  f.intercept = base;
+}
+
 // Colour pixels as interleaved RGB: planes (RRR... GGG... BBB...) interleaved, and YBR_FULL
 // (full-range YCbCr, PS3.3 C.7.6.3.1.2) converted with its inverse.
 void to_interleaved_rgb(std::vector<uint8_t>& raw, size_t px, bool planar, bool ybr) {
@@ -513,7 +555,9 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   }
   const size_t px = static_cast<size_t>(W) * H;  // first frame only
   const int alloc = pf.GetBitsAllocated();
-  if ((alloc != 8 && alloc != 16) || len < px * (alloc / 8) * samples) {
+  const bool grey_1_or_32 = samples == 1 && (alloc == 1 || alloc == 32);
+  const size_t need = alloc == 1 ? (px + 7) / 8 : px * static_cast<size_t>(alloc / 8) * samples;
+  if ((alloc != 8 && alloc != 16 && !grey_1_or_32) || len < need) {
     COHORT_THROW_AS(DecodeError, name << ": " << alloc << " bits allocated, " << len
                                       << " bytes of pixel data for " << W << "x" << H);
   }
@@ -529,6 +573,10 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   f.slope = img.GetSlope();
   f.intercept = img.GetIntercept();
   f.samples = static_cast<int>(samples);
+  if (alloc == 1) unpack_bits(raw, px, f);
+  // GDCM swaps big-endian data to the host's order in 16-bit words, which leaves a 32-bit value's
+  // halves exchanged (checked against pydicom's rtdose_expb.dcm).
+  if (alloc == 32) quantize_32(raw, px, f, ts == gdcm::TransferSyntax::ExplicitVRBigEndian);
   // GDCM's JPEG decoders hand out RGB already (libjpeg converts YCbCr); native and RLE data
   // come as stored. Checked against pydicom on its colour test files.
   const bool jpeg_family = ts.IsEncapsulated() && ts != gdcm::TransferSyntax::RLELossless;

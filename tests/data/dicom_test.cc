@@ -238,6 +238,68 @@ TEST(Dicom, RgbInterleavedAndPlanarDecodeToTheSamePixels) {
   EXPECT_LE(worst, 3);
 }
 
+// A DICOM image of `bits` bits allocated (1 or 32), written by GDCM from raw bytes.
+std::vector<uint8_t> raw_dicom(int w, int h, unsigned short bits, const std::vector<uint8_t>& data,
+                               gdcm::TransferSyntax ts) {
+  gdcm::SmartPointer<gdcm::Image> im = new gdcm::Image;
+  im->SetNumberOfDimensions(2);
+  im->SetDimension(0, static_cast<unsigned>(w));
+  im->SetDimension(1, static_cast<unsigned>(h));
+  im->SetPixelFormat(gdcm::PixelFormat(1, bits, bits, static_cast<unsigned short>(bits - 1), 0));
+  im->SetPhotometricInterpretation(gdcm::PhotometricInterpretation::MONOCHROME2);
+  im->SetTransferSyntax(ts);
+  gdcm::DataElement pixel(gdcm::Tag(0x7fe0, 0x0010));
+  pixel.SetByteValue(reinterpret_cast<const char*>(data.data()),
+                     static_cast<uint32_t>(data.size()));
+  im->SetDataElement(pixel);
+  gdcm::ImageWriter wr;
+  wr.SetImage(*im);
+  std::ostringstream os;
+  wr.SetStream(os);
+  if (!wr.Write()) return {};
+  const std::string s = os.str();
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+// Masks (1 bit, packed, first pixel in the lowest bit) come out as 0 and 65535; 32-bit values
+// (RT Dose grids) as their full range mapped linearly, within one step in 65535.
+TEST(Dicom, OneBitMasksAndThirtyTwoBitGridsDecode) {
+  const int w = 13, h = 7;  // not a multiple of 8 pixels
+  std::vector<uint8_t> packed((w * h + 7) / 8, 0);
+  std::vector<int> bit(w * h);
+  for (int i = 0; i < w * h; ++i) {
+    bit[static_cast<size_t>(i)] = (i * 7 + i / 5) % 3 == 0;
+    if (bit[static_cast<size_t>(i)]) packed[static_cast<size_t>(i / 8)] |= uint8_t(1u << (i % 8));
+  }
+  const auto mask = raw_dicom(w, h, 1, packed, gdcm::TransferSyntax::ExplicitVRLittleEndian);
+  ASSERT_FALSE(mask.empty());
+  const Image m = decode_dicom(mask, "mask.dcm");
+  ASSERT_EQ(m.width, w);
+  ASSERT_EQ(m.height, h);
+  for (int i = 0; i < w * h; ++i)
+    EXPECT_EQ(pixel(m, i), bit[static_cast<size_t>(i)] ? 65535 : 0) << i;
+
+  std::vector<uint8_t> grid(static_cast<size_t>(w * h) * 4);
+  std::vector<uint32_t> value(w * h);
+  for (int i = 0; i < w * h; ++i) {
+    value[static_cast<size_t>(i)] = 1000000u + static_cast<uint32_t>(i) * 37000u;  // > 16 bits
+    std::memcpy(&grid[static_cast<size_t>(i) * 4], &value[static_cast<size_t>(i)], 4);
+  }
+  // (Big endian is checked against pydicom's rtdose_expb.dcm, not here: GDCM's writer swaps
+  // the raw bytes it is given in 16-bit words, so it cannot write a reference file.)
+  for (const auto& ts : {gdcm::TransferSyntax::ExplicitVRLittleEndian,
+                         gdcm::TransferSyntax::ImplicitVRLittleEndian}) {
+    const auto dose = raw_dicom(w, h, 32, grid, ts);
+    ASSERT_FALSE(dose.empty());
+    const Image d = decode_dicom(dose, "dose.dcm");
+    const double lo = value.front(), hi = value.back();
+    for (int i = 0; i < w * h; ++i) {
+      const double want = (value[static_cast<size_t>(i)] - lo) / (hi - lo) * 65535;
+      EXPECT_NEAR(pixel(d, i), want, 1.5) << ts << " pixel " << i;
+    }
+  }
+}
+
 TEST(Dicom, CompressedTransferSyntaxDecodesToTheSamePixels) {
   Image src = stored16(32, 24, 0, 4000);
   DicomWriteOptions o;
