@@ -158,10 +158,10 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
   }
   for (int r = 0; r < size; ++r) {
     if (all[2 * static_cast<size_t>(r)] < 0) {
-      COHORT_THROW("checkpoint at step " << pos.step << ": rank " << r
-                                         << " could not write its shard"
-                                         << (r == rank ? ": " + error : std::string()) << "; "
-                                         << dir << " keeps the previous checkpoint");
+      COHORT_THROW("checkpoint at step "
+                   << pos.step << ": rank " << r << " could not write its shard"
+                   << (r == rank ? ": " + error : std::string()) << "; " << dir
+                   << " keeps the previous checkpoint");
     }
   }
 
