@@ -42,6 +42,11 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
+// The calls these tests make: a blocking sum of `v` over the ranks.
+void sum(Communicator& c, std::vector<float>& v) {
+  c.allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+}
+
 // Stops this process (SIGSTOP: every thread stands still) until a helper, the operator who
 // continues it, sends SIGCONT after `usec`; the helper dies with it.
 void stop_until_continued(useconds_t usec) {
@@ -73,8 +78,7 @@ TEST(Flight, TheDoctorNamesTheRankThatNeverEnteredTheCall) {
       [](int rank) {
         auto c = init();
         std::vector<float> v(1000, 1.0f);
-        for (int i = 0; i < 3; ++i)
-          c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        for (int i = 0; i < 3; ++i) sum(*c, v);
         if (rank == 2) {
           ::usleep(500000);
           ::raise(SIGUSR1);   // what `kill -USR1` does from outside
@@ -82,7 +86,7 @@ TEST(Flight, TheDoctorNamesTheRankThatNeverEnteredTheCall) {
           ::_exit(0);         // gone, as an operator would end it (no shutdown, no second record)
         }
         try {
-          c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+          sum(*c, v);
         } catch (const cohort::TimeoutError& e) {
           const std::string m = e.what();
           REQUIRE(m.find("waiting on rank ") != std::string::npos, m);  // its ring neighbour
@@ -118,12 +122,12 @@ TEST(Flight, TheDoctorNamesTheRankInAnotherCollective) {
       [](int rank) {
         auto c = init();
         std::vector<float> v(1000, 1.0f);
-        c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        sum(*c, v);
         try {
           if (rank == 1) {
             c->broadcast(v.data(), v.data(), v.size(), DataType::f32, 0).wait();
           } else {
-            c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+            sum(*c, v);
           }
         } catch (const cohort::CommError&) {
           return;
@@ -149,10 +153,10 @@ TEST(Flight, AStoppedRankIsNamedByTheRanksWaitingOnIt) {
       [](int rank) {
         auto c = init();
         std::vector<float> v(1000, 1.0f);
-        c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        sum(*c, v);
         if (rank == 2) stop_until_continued(4000000);
         try {
-          c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+          sum(*c, v);
         } catch (const cohort::CommError& e) {
           return;
         }
@@ -183,11 +187,11 @@ TEST(Heartbeat, AStoppedRankIsNamedLongBeforeTheTimeout) {
       [](int rank) {
         auto c = init();
         std::vector<float> v(1000, 1.0f);
-        c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        sum(*c, v);
         if (rank == 2) stop_until_continued(8000000);  // after the others failed
         const auto t0 = std::chrono::steady_clock::now();
         try {
-          c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+          sum(*c, v);
         } catch (const cohort::CommError& e) {
           if (rank == 2) return;  // continued after the others gave up on it
           const double s =
@@ -219,7 +223,7 @@ TEST(Heartbeat, ARankBusyInUserCodeIsWaitedFor) {
         auto c = init();
         std::vector<float> v(1000, 1.0f);
         if (rank == 2) ::usleep(4000000);
-        c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+        sum(*c, v);
         REQUIRE(v[0] == 3.0f, "rank " << rank << ": " << v[0]);
       },
       o);
