@@ -120,16 +120,8 @@ plan::Cluster calibrate_this_machine() {
     c.accelerator.memory_gib = kb / (1024.0 * 1024) / static_cast<double>(c.accelerators_per_node);
   }
   // The compute peak that makes the model, at its default efficiencies and the memory bandwidth
-  // just measured, run resnet18 as measured (memory-bound layers keep their time: iterate).
-  const plan::ModelProfile p = plan::builtin_profile("resnet18", 128);
-  for (int i = 0; i < 20; ++i) {
-    const double f = plan::alone_images_per_s(p, c, s) / ips;
-    c.accelerator.f32_tflops /= f;
-  }
-  COHORT_CHECK(std::isfinite(c.accelerator.f32_tflops) && c.accelerator.f32_tflops > 0,
-               "calibration: resnet18 at " << ips << " images/s cannot be matched with "
-                                           << c.accelerator.memory_gbs << " GB/s of memory");
-  c.accelerator.bf16_tflops = c.accelerator.f32_tflops;
+  // just measured, run resnet18 as measured.
+  c = plan::match_throughput(plan::builtin_profile("resnet18", 128), c, s, ips);
   std::printf("      %.1f GB/s; compute as a peak of %.0f GFLOP/s at efficiency %.2f\n",
               c.accelerator.memory_gbs, c.accelerator.f32_tflops * 1e3,
               c.accelerator.compute_efficiency);

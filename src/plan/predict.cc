@@ -249,12 +249,20 @@ double alone_images_per_s(const ModelProfile& p, const Cluster& c, const Strateg
 Cluster match_throughput(const ModelProfile& p, Cluster c, const Strategy& s, double images_per_s) {
   COHORT_CHECK(images_per_s > 0,
                "single-accelerator throughput " << images_per_s << " images/s: expected > 0");
-  // Time scales as 1/efficiency, except the fixed overhead; a few rounds converge.
-  for (int i = 0; i < 8; ++i) {
+  // Only the compute peak moves: the memory-bound layers, the optimizer and the overhead keep
+  // the time the cluster's memory figures give them, so the rounds converge on the rest.
+  for (int i = 0; i < 40; ++i) {
     const double f = alone_images_per_s(p, c, s) / images_per_s;
-    c.accelerator.compute_efficiency /= f;
-    c.accelerator.memory_efficiency /= f;
+    c.accelerator.f32_tflops /= f;
+    c.accelerator.bf16_tflops /= f;
+    if (std::abs(f - 1) < 1e-9) break;
   }
+  const double got = alone_images_per_s(p, c, s);
+  COHORT_CHECK(std::isfinite(c.accelerator.f32_tflops) && std::abs(got / images_per_s - 1) < 0.01,
+               p.model << " at " << images_per_s << " images/s per accelerator cannot be matched: "
+                       << "its memory-bound layers and optimizer alone run it at " << got
+                       << " images/s with " << c.accelerator.memory_gbs
+                       << " GB/s of memory (or its profile has measured times)");
   return c;
 }
 

@@ -154,6 +154,19 @@ TEST(PlanValidation, PublishedScalingResultsWithinTenPercent) {
   }
 }
 
+TEST(PlanModel, AMeasuredThroughputSetsTheComputePeakOrIsRefused) {
+  const plan::ModelProfile p = plan::builtin_profile("resnet50", 224);
+  const plan::Cluster c = plan::preset_cluster("dgx-a100");
+  plan::Strategy s;
+  const plan::Cluster m = plan::match_throughput(p, c, s, 1000);
+  EXPECT_NEAR(plan::alone_images_per_s(p, m, s), 1000, 10);
+  EXPECT_DOUBLE_EQ(m.accelerator.memory_gbs, c.accelerator.memory_gbs);
+  EXPECT_LT(m.accelerator.bf16_tflops, c.accelerator.bf16_tflops);
+  // Faster than the memory-bound layers allow: no peak gets there.
+  const std::string e = error_of([&] { plan::match_throughput(p, c, s, 1e7); });
+  EXPECT_NE(e.find("cannot be matched"), std::string::npos) << e;
+}
+
 TEST(PlanModel, ScalingIsSublinearAndBatchAndAccumulationRaiseEfficiency) {
   const plan::ModelProfile p = plan::builtin_profile("resnet50", 224);
   plan::Cluster c = plan::preset_cluster("a100-pcie-100gbe");

@@ -163,9 +163,10 @@ struct Prediction {
 Prediction predict(const ModelProfile& p, const Cluster& c, const Strategy& s, int nodes);
 
 // The modes whose memory fits at this batch, in the order ddp, zero1, zero2, hybrid, zero3.
-// The cluster with its accelerator's efficiencies scaled so that one accelerator alone runs
-// this model and strategy at `images_per_s`: how a measured or published single-accelerator
-// throughput becomes the model's input.
+// The cluster with its accelerator's compute peak scaled so that one accelerator alone runs this
+// model and strategy at `images_per_s` (memory figures kept): how a measured or published
+// single-accelerator throughput becomes the model's input. Throws where the memory-bound part
+// alone is slower than that.
 Cluster match_throughput(const ModelProfile& p, Cluster c, const Strategy& s, double images_per_s);
 double alone_images_per_s(const ModelProfile& p, const Cluster& c, const Strategy& s);
 
