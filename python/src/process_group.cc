@@ -222,7 +222,10 @@ void ProcessGroupCohort::complete_in_order() {
   for (;;) {
     Pending p;
     {
+      // One lock per call: the previous call (released below) stops counting as held here.
       std::unique_lock<std::mutex> lock(mu_);
+      busy_ = false;
+      if (pending_.empty()) idle_cv_.notify_all();  // drain() waits for this
       cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
       if (pending_.empty()) return;
       p = std::move(pending_.front());
@@ -239,11 +242,6 @@ void ProcessGroupCohort::complete_in_order() {
     p.keep.clear();
     p.work->complete(error);
     p = Pending{};  // the last references to tensors may be ours: release them before idling
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      busy_ = false;
-    }
-    idle_cv_.notify_all();
   }
 }
 
