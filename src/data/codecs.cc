@@ -115,8 +115,9 @@ struct JpegRegionState {
   bool created;
 };
 
-// Reads the header and starts decompression of the scaled image cut to `want` (scaled pixels:
-// x0, y0, x1, y1); `got` receives the columns kept (x0, width) and the output's channels.
+// Reads the header and starts decompression of the scaled image cut to `region` (the image's own
+// pixels: x0, y0, x1, y1) and a margin; `got` receives the part kept, in scaled pixels (x0,
+// width, y0, height), and the output's channels.
 // Returns 1 on success, 0 on a libjpeg error (message in err), 2 when the colour space needs the
 // whole-image path.
 int jpeg_region_begin(JpegRegionState* s, const uint8_t* data, size_t size, int scale, int fast,
