@@ -89,10 +89,11 @@ void Tape::push(const Var& out, std::function<void()> backward) {
 }
 
 void Tape::use(Param& p) {
-  if (p.pending++ == 0) used_.push_back(&p);
+  if (track_ && p.pending++ == 0) used_.push_back(&p);
 }
 
 void Tape::param_done(Param& p) {
+  if (!track_) return;
   COHORT_CHECK(p.pending > 0, "parameter " << p.name << " back-propagated more often than used");
   if (--p.pending == 0) {
     for (auto& h : hooks_) h(p);
@@ -107,6 +108,21 @@ void Tape::backward(const Var& loss, float seed) {
                "recording tape, and does the loss depend on parameters?)");
   Tensor g = Tensor::full(loss->value.shape(), seed);
   accumulate(*loss, g);
+  run_backward();
+}
+
+void Tape::backward_from(const Var& out, Tensor grad) {
+  COHORT_CHECK(grad.shape() == out->value.shape(), "backward_from: the gradient's shape "
+                                                       << tensor::shape_string(grad.shape())
+                                                       << " is not the output's "
+                                                       << tensor::shape_string(out->value.shape()));
+  COHORT_CHECK(!ops_.empty() && out->requires_grad,
+               "backward_from: nothing was recorded for this output");
+  accumulate(*out, std::move(grad));
+  run_backward();
+}
+
+void Tape::run_backward() {
   const bool timed = g_timeline;
   for (size_t i = ops_.size(); i-- > 0;) {
     Op op = std::move(ops_[i]);

@@ -1,6 +1,7 @@
 #include "cohort/nn/layers.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -19,6 +20,8 @@ namespace dn = tensor::onednn;
 namespace {
 
 constexpr auto kF32 = memory::data_type::f32;
+std::atomic<uint64_t> g_macs{0};
+thread_local bool g_frozen_stats = false;
 
 Tensor as_channels_last(const Var& x, const char* layer, int channels) {
   const Tensor& t = x->value;
@@ -235,6 +238,9 @@ Var Conv2d::forward(const Var& x_in) {
   }
   Plan& p = *slot;
   Tensor y = Tensor::empty(p.out_shape, DType::f32, Order::channels_last);
+  g_macs.fetch_add(static_cast<uint64_t>(y.numel()) * static_cast<uint64_t>(o_.in / o_.groups) *
+                       static_cast<uint64_t>(o_.kernel * o_.kernel),
+                   std::memory_order_relaxed);
   Tensor w_scratch;
   memory w = as_layout(memory(p.w_plain, dn::engine(), w_->value.raw()), p.fwd_pd.weights_desc(),
                        &w_scratch);
@@ -380,7 +386,19 @@ Var BatchNorm2d::forward(const Var& x_in) {
   }
   p.fwd.execute(dn::stream(), args);
 
-  if (train) {
+  if (train && g_frozen_stats) {
+    // A forward run again (recomputation): the statistics were counted the first time.
+  } else if (train && !deferred_.empty()) {
+    // Deferred: the sums this batch adds, from its mean and biased variance.
+    const double n = static_cast<double>(x.numel() / c_);
+    const float* bm = mean.data<float>();
+    const float* bv = var.data<float>();
+    for (int c = 0; c < c_; ++c) {
+      deferred_[static_cast<size_t>(c)] += n * bm[c];
+      deferred_[static_cast<size_t>(c_ + c)] += n * (bv[c] + static_cast<double>(bm[c]) * bm[c]);
+    }
+    deferred_[static_cast<size_t>(2 * c_)] += n;
+  } else if (train) {
     // torch keeps the unbiased variance in running_var.
     const double n = static_cast<double>(x.numel() / c_);
     const float unbias = n > 1 ? static_cast<float>(n / (n - 1)) : 1.0f;
@@ -442,6 +460,55 @@ Var BatchNorm2d::forward(const Var& x_in) {
   return out;
 }
 
+void BatchNorm2d::defer_statistics(bool on) {
+  COHORT_CHECK(!(on && cross_rank_sum_),
+               "BatchNorm2d: deferred statistics and SyncBatchNorm "
+               "are exclusive");
+  deferred_.assign(on ? static_cast<size_t>(2 * c_ + 1) : 0, 0.0);
+}
+
+void BatchNorm2d::commit_statistics() {
+  if (deferred_.empty()) return;
+  const double n = deferred_[static_cast<size_t>(2 * c_)];
+  if (n > 0) {
+    float* rm = mean_->value.data<float>();
+    float* rv = var_->value.data<float>();
+    for (int c = 0; c < c_; ++c) {
+      const double m = deferred_[static_cast<size_t>(c)] / n;
+      const double v = std::max(0.0, deferred_[static_cast<size_t>(c_ + c)] / n - m * m);
+      rm[c] = (1 - momentum_) * rm[c] + momentum_ * static_cast<float>(m);
+      rv[c] = (1 - momentum_) * rv[c] + momentum_ * static_cast<float>(n > 1 ? v * n / (n - 1) : v);
+    }
+    tracked_->value.data<int64_t>()[0] += 1;
+  }
+  std::fill(deferred_.begin(), deferred_.end(), 0.0);
+}
+
+FrozenBatchNormStatistics::FrozenBatchNormStatistics() : prev_(g_frozen_stats) {
+  g_frozen_stats = true;
+}
+FrozenBatchNormStatistics::~FrozenBatchNormStatistics() {
+  g_frozen_stats = prev_;
+}
+
+uint64_t forward_macs() {
+  return g_macs.load(std::memory_order_relaxed);
+}
+
+void defer_batch_norm_statistics(Module& root, bool on) {
+  std::vector<std::pair<std::string, Module*>> mods;
+  root.modules("", &mods);
+  for (auto& [name, m] : mods)
+    if (auto* b = dynamic_cast<BatchNorm2d*>(m)) b->defer_statistics(on);
+}
+
+void commit_batch_norm_statistics(Module& root) {
+  std::vector<std::pair<std::string, Module*>> mods;
+  root.modules("", &mods);
+  for (auto& [name, m] : mods)
+    if (auto* b = dynamic_cast<BatchNorm2d*>(m)) b->commit_statistics();
+}
+
 // Batch statistics of the global batch: every rank contributes its sums, so the result is what
 // one BatchNorm over all ranks' samples computes.
 Var BatchNorm2d::forward_synced(const Var& x_in, const Tensor& x) {
@@ -471,11 +538,12 @@ Var BatchNorm2d::forward_synced(const Var& x_in, const Tensor& x) {
     const double v = std::max(0.0, ss[k] / count - m * m);
     mp[k] = static_cast<float>(m);
     ip[k] = static_cast<float>(1.0 / std::sqrt(v + eps_));
+    if (g_frozen_stats) continue;
     rm[k] = (1 - momentum_) * rm[k] + momentum_ * static_cast<float>(m);
     rv[k] = (1 - momentum_) * rv[k] +
             momentum_ * static_cast<float>(count > 1 ? v * count / (count - 1) : v);
   }
-  tracked_->value.data<int64_t>()[0] += 1;
+  if (!g_frozen_stats) tracked_->value.data<int64_t>()[0] += 1;
   Tensor y = Tensor::empty(x.shape(), DType::f32, Order::channels_last);
   float* yp = y.data<float>();
   const float* g = w_->value.data<float>();
@@ -844,6 +912,7 @@ Var Linear::forward(const Var& x_in) {
                "Linear expects [N, " << in_ << "], got " << tensor::shape_string(x.shape()));
   const int64_t n = x.size(0);
   Tensor y = Tensor::empty({n, out_});
+  g_macs.fetch_add(static_cast<uint64_t>(n * in_ * out_), std::memory_order_relaxed);
   const DType ct = compute_type();
   const Tensor xc = ct == DType::f32 ? x : convert(x, ct);
   const Tensor wc = ct == DType::f32 ? w_->value : convert(w_->value, ct);  // backward reuses it

@@ -104,6 +104,7 @@ class ResNet : public Module {
       }
       layers_[l] = &add("layer" + std::to_string(l + 1), std::move(layer));
     }
+    blocks_ = blocks;
     avg_ = &add("avgpool", std::make_unique<AdaptiveAvgPool2d>(1, 1));
     fc_ = &add("fc", std::make_unique<Linear>(512 * Block::kExpansion, o.num_classes));
   }
@@ -112,8 +113,26 @@ class ResNet : public Module {
     for (Sequential* l : layers_) h = l->forward(h);
     return fc_->forward(flatten(avg_->forward(h)));
   }
+  // The stem, every block, the head: the units.
+  std::vector<Piece> chain() override {
+    std::vector<Piece> c;
+    c.push_back({"stem", {"conv1", "bn1", "maxpool"}, [this](const Var& x) {
+                   return pool_->forward(bn1_->forward(conv1_->forward(x)));
+                 }});
+    for (int l = 0; l < 4; ++l)
+      for (int b = 0; b < blocks_[static_cast<size_t>(l)]; ++b) {
+        const std::string name = "layer" + std::to_string(l + 1) + "." + std::to_string(b);
+        Module* m = &layers_[l]->at(b);
+        c.push_back({name, {name}, [m](const Var& x) { return m->forward(x); }});
+      }
+    c.push_back({"head", {"avgpool", "fc"}, [this](const Var& x) {
+                   return fc_->forward(flatten(avg_->forward(x)));
+                 }});
+    return c;
+  }
 
  private:
+  std::vector<int> blocks_;
   Conv2d* conv1_;
   BatchNorm2d* bn1_;
   MaxPool2d* pool_;
@@ -173,12 +192,14 @@ class DenseNet : public Module {
   DenseNet(int growth, const std::vector<int>& blocks, int init_features, const ModelOptions& o) {
     auto f = std::make_unique<Sequential>();
     f->append_named("conv0", conv_fan_in(o.in_channels, init_features, 7, 2, 3));
+    names_ = {"conv0", "norm0", "pool0"};
     f->append_named("norm0", bn(init_features, true));  // + relu0
     f->append_named("pool0", std::make_unique<MaxPool2d>(PoolOptions{3, 2, 1}));
     int c = init_features;
     for (size_t i = 0; i < blocks.size(); ++i) {
       f->append_named("denseblock" + std::to_string(i + 1),
                       std::make_unique<DenseBlock>(blocks[i], c, growth, 4));
+      names_.push_back("denseblock" + std::to_string(i + 1));
       c += blocks[i] * growth;
       if (i + 1 < blocks.size()) {
         auto t = std::make_unique<Sequential>();
@@ -186,10 +207,12 @@ class DenseNet : public Module {
         t->append_named("conv", conv_fan_in(c, c / 2, 1, 1, 0));
         t->append_named("pool", std::make_unique<AvgPool2d>(PoolOptions{2, 2, 0}));
         f->append_named("transition" + std::to_string(i + 1), std::move(t));
+        names_.push_back("transition" + std::to_string(i + 1));
         c /= 2;
       }
     }
     f->append_named("norm5", bn(c, true));  // + the relu in torchvision's forward
+    names_.push_back("norm5");
     features_ = &add("features", std::move(f));
     avg_ = std::make_unique<AdaptiveAvgPool2d>(1, 1);
     auto cls = std::make_unique<Linear>(c, o.num_classes);
@@ -199,8 +222,30 @@ class DenseNet : public Module {
   Var forward(const Var& x) override {
     return classifier_->forward(flatten(avg_->forward(features_->forward(x))));
   }
+  // The stem, each dense block and transition, the head (a dense block's layers share the
+  // concatenated features, so the cut is between blocks, not between their layers).
+  std::vector<Piece> chain() override {
+    std::vector<Piece> c;
+    c.push_back(
+        {"stem", {"features.conv0", "features.norm0", "features.pool0"}, [this](const Var& x) {
+           Var h = x;
+           for (int i = 0; i < 3; ++i) h = features_->at(i).forward(h);
+           return h;
+         }});
+    for (int i = 3; i + 1 < features_->size(); ++i) {
+      Module* m = &features_->at(i);
+      const std::string name = "features." + names_[static_cast<size_t>(i)];
+      c.push_back({name, {name}, [m](const Var& x) { return m->forward(x); }});
+    }
+    Module* norm5 = &features_->at(features_->size() - 1);
+    c.push_back({"head", {"features.norm5", "classifier"}, [this, norm5](const Var& x) {
+                   return classifier_->forward(flatten(avg_->forward(norm5->forward(x))));
+                 }});
+    return c;
+  }
 
  private:
+  std::vector<std::string> names_;  // features_'s children
   Sequential* features_;
   std::unique_ptr<AdaptiveAvgPool2d> avg_;
   Linear* classifier_;
@@ -227,6 +272,17 @@ class SmallCnn : public Module {
   }
   Var forward(const Var& x) override {
     return fc_->forward(flatten(avg_->forward(features_->forward(x))));
+  }
+  std::vector<Piece> chain() override {
+    std::vector<Piece> c;
+    for (int i = 0; i < features_->size(); ++i) {
+      Module* m = &features_->at(i);
+      const std::string name = "features." + std::to_string(i);
+      c.push_back({name, {name}, [m](const Var& x) { return m->forward(x); }});
+    }
+    c.push_back(
+        {"head", {"fc"}, [this](const Var& x) { return fc_->forward(flatten(avg_->forward(x))); }});
+    return c;
   }
 
  private:
@@ -354,6 +410,24 @@ Model::Model(std::string name, std::unique_ptr<Module> root, const ModelOptions&
   root_->collect("", &params_, &buffers_);
   for (size_t i = 0; i < params_.size(); ++i) params_[i]->index = static_cast<int>(i);
   units_ = find_units(*root_, params_, is_unit);
+  pieces_ = root_->chain();
+  // Each piece's parameters: those under its modules, which must be the next ones in order.
+  int next = 0;
+  for (Piece& pc : pieces_) {
+    pc.first = next;
+    auto under = [&pc](const std::string& param) {
+      for (const std::string& m : pc.modules)
+        if (param.compare(0, m.size() + 1, m + ".") == 0) return true;
+      return false;
+    };
+    while (next < static_cast<int>(params_.size()) &&
+           under(params_[static_cast<size_t>(next)]->name))
+      ++next;
+    pc.last = next;
+  }
+  COHORT_CHECK(pieces_.empty() || next == static_cast<int>(params_.size()),
+               "model " << name_ << ": its chain of pieces does not cover parameter "
+                        << params_[static_cast<size_t>(next)]->name << " in order");
   align_units(1);
   reset_parameters(o.seed);
 }

@@ -82,11 +82,17 @@ class Tape {
   void param_done(Param& p);
 
   void on_grad_ready(Hook h) { hooks_.push_back(std::move(h)); }
+  // Off: this tape counts no parameter uses and fires no hooks, so that several tapes may be
+  // recorded before any is back-propagated (a pipeline stage's micro-batches in flight).
+  void track_uses(bool on) { track_ = on; }
   void clear_hooks() { hooks_.clear(); }
   // Seeds d(loss)/d(loss) = seed and runs every recorded closure in reverse, then clears.
   // A parameter whose uses got no gradient (an unused branch) is reported ready at the end,
   // with its gradient unchanged, so that whoever waits on every parameter never hangs.
   void backward(const Var& loss, float seed = 1.0f);
+  // Back-propagates from a recorded output whose gradient is `grad` (a pipeline stage's output,
+  // with the gradient the next stage sent back), then clears.
+  void backward_from(const Var& out, Tensor grad);
   void clear();
   size_t size() const { return ops_.size(); }
 
@@ -98,6 +104,9 @@ class Tape {
   std::vector<Op> ops_;
   std::vector<Hook> hooks_;
   std::vector<Param*> used_;  // parameters used in this forward, in first-use order
+  bool track_ = true;
+
+  void run_backward();
 };
 
 // The tape's per-op timeline (`cohort bench train --profile FILE`): while on, the k-th op a step

@@ -57,7 +57,15 @@ class BatchNorm2d : public Module {
   void set_cross_rank_sum(CrossRankSum f) { cross_rank_sum_ = std::move(f); }
   bool synced() const { return static_cast<bool>(cross_rank_sum_); }
 
+  // Deferred statistics (torchgpipe's deferred_batch_norm): in training, each forward normalises
+  // with its own batch's statistics as usual, but the running statistics only collect sums;
+  // commit_statistics() then updates them once, with the mean and unbiased variance of every
+  // sample since the last commit, which is what one forward over the whole mini-batch does.
+  void defer_statistics(bool on);
+  void commit_statistics();
+
  private:
+  std::vector<double> deferred_;  // per channel sum, then sum of squares; then the count
   struct Plan;
   Var forward_synced(const Var& x_in, const Tensor& x);
   CrossRankSum cross_rank_sum_;
@@ -165,6 +173,24 @@ Var flatten(const Var& x);
 Var cross_entropy(const Var& logits, const std::vector<int>& labels, float smoothing = 0.0f);
 // Mean binary cross-entropy with logits over [N, K] against 0/1 targets of the same shape.
 Var bce_with_logits(const Var& logits, const Tensor& targets);
+
+// Deferred BatchNorm statistics for every BatchNorm2d under root (see BatchNorm2d).
+void defer_batch_norm_statistics(Module& root, bool on);
+void commit_batch_norm_statistics(Module& root);
+// While one lives, BatchNorm2d in training leaves its running statistics alone on this thread (a
+// forward that is run again, to recompute activations or to measure, must not count twice).
+class FrozenBatchNormStatistics {
+ public:
+  FrozenBatchNormStatistics();
+  ~FrozenBatchNormStatistics();
+
+ private:
+  bool prev_;
+};
+
+// Multiply-adds of the Conv2d and Linear forwards run in this process (a pipeline's stages
+// are balanced on the difference across one forward).
+uint64_t forward_macs();
 
 // Where forward and backward time goes, per kind of op ("conv.fwd", "bn.bwd", ...).
 namespace profile {

@@ -57,6 +57,9 @@ class Model {
   Tensor& flat_values() { return values_; }
   Tensor& flat_grads() { return grads_; }
   const std::vector<Unit>& units() const { return units_; }
+  // The model as a chain of pieces (Module::chain) with their parameter ranges; empty when the
+  // network cannot be cut (pipeline parallelism needs it).
+  const std::vector<Piece>& pieces() const { return pieces_; }
   // Lays the flat buffers out again so that every unit starts and ends on a multiple of `align`
   // elements (zero padding between), keeping the values: ZeRO splits each unit into equal
   // chunks, one per rank. New buffers (gradients zero); the Params' views follow.
@@ -73,6 +76,7 @@ class Model {
   std::vector<Param*> params_;
   std::vector<Buffer*> buffers_;
   std::vector<Unit> units_;
+  std::vector<Piece> pieces_;
   Tensor values_, grads_;
 };
 

@@ -3,6 +3,7 @@
 // flat gradient buffer, in registration order, and each Param becomes a view.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -18,12 +19,26 @@ struct Buffer {
   Tensor value;
 };
 
+// One link of a model cut into a chain (pipeline stages are runs of links): what the composition
+// of every piece's forward, in order, computes is the model's forward. `modules` are the full
+// dotted names of the modules whose parameters the piece uses; Model fills in [first, last),
+// those parameters in registration order.
+struct Piece {
+  std::string name;
+  std::vector<std::string> modules;
+  std::function<Var(const Var&)> forward;
+  int first = 0, last = 0;
+};
+
 class Module {
  public:
   virtual ~Module() = default;
   virtual Var forward(const Var& x) = 0;
   // torchvision's initialisation for this module's own parameters; seed is per module.
   virtual void reset_parameters(uint64_t /*seed*/) {}
+  // The module as a chain of pieces at block boundaries (pipeline parallelism cuts between
+  // them); empty: it cannot be cut.
+  virtual std::vector<Piece> chain() { return {}; }
 
   void train(bool on);
   bool is_training() const { return training_; }
@@ -70,6 +85,8 @@ class Sequential : public Module {
     return ref;
   }
   Var forward(const Var& x) override;
+  int size() const { return size_; }
+  Module& at(int i) { return *order_[static_cast<size_t>(i)]; }
 
  private:
   std::vector<Module*> order_;
