@@ -1,0 +1,622 @@
+// Pipeline parallelism (see pipeline.h): the schedules, the balanced cut, the channels between
+// neighbouring stages, and a stage's step, which reads top to bottom: zero, the schedule's
+// actions (receive, compute, send), the replicas' allreduce, the mean loss to every stage.
+#include "cohort/dist/pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <limits>
+#include <sstream>
+
+#include "cohort/core/clock.h"
+#include "cohort/core/error.h"
+#include "cohort/dist/step_memory.h"
+#include "cohort/nn/layers.h"
+
+namespace cohort::dist {
+
+using nn::Tensor;
+using nn::Var;
+using tensor::Shape;
+
+const char* schedule_name(Schedule s) {
+  return s == Schedule::gpipe ? "gpipe" : "1f1b";
+}
+
+Schedule parse_schedule(const std::string& s) {
+  if (s == "gpipe") return Schedule::gpipe;
+  if (s == "1f1b") return Schedule::one_f_one_b;
+  COHORT_THROW("unknown pipeline schedule '" << s << "' (choices: gpipe, 1f1b)");
+}
+
+std::vector<Action> schedule_actions(Schedule s, int stages, int stage, int micro_batches) {
+  COHORT_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1,
+               "schedule of stage " << stage << " of " << stages << " with " << micro_batches
+                                    << " micro-batches");
+  std::vector<Action> a;
+  const int m = micro_batches;
+  if (s == Schedule::gpipe) {
+    for (int i = 0; i < m; ++i) a.push_back({true, i});
+    // Backwards in micro-batch order, as 1F1B's: every schedule then adds the micro-batches'
+    // gradients in one order, and ends with the same bits.
+    for (int i = 0; i < m; ++i) a.push_back({false, i});
+    return a;
+  }
+  // 1F1B: enough forwards to fill the stages after this one, then one forward and one
+  // backward in turn, then the backwards left.
+  const int warmup = std::min(stages - stage - 1, m);
+  for (int i = 0; i < warmup; ++i) a.push_back({true, i});
+  for (int i = 0; i < m - warmup; ++i) {
+    a.push_back({true, warmup + i});
+    a.push_back({false, i});
+  }
+  for (int i = m - warmup; i < m; ++i) a.push_back({false, i});
+  return a;
+}
+
+int peak_in_flight(const std::vector<Action>& actions) {
+  int held = 0, peak = 0;
+  for (const Action& a : actions) {
+    held += a.forward ? 1 : -1;
+    peak = std::max(peak, held);
+  }
+  return peak;
+}
+
+double bubble_formula(int stages, int micro_batches) {
+  return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+}
+
+std::vector<int> balance_cuts(const std::vector<double>& costs, int stages) {
+  const int n = static_cast<int>(costs.size());
+  COHORT_CHECK(stages >= 1 && stages <= n,
+               "cannot cut " << n << " pieces into " << stages << " stages (each needs one)");
+  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[static_cast<size_t>(i) + 1] = prefix[i] + costs[i];
+  auto cost = [&](int a, int b) { return prefix[static_cast<size_t>(b)] - prefix[a]; };
+  // best[s][i]: the least possible costliest stage when pieces [0, i) form s stages.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1,
+                                        std::vector<double>(static_cast<size_t>(n) + 1, inf));
+  std::vector<std::vector<int>> from(best.size(), std::vector<int>(best[0].size(), 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s)
+    for (int i = s; i <= n; ++i)
+      for (int j = s - 1; j < i; ++j) {
+        const double v = std::max(best[s - 1][j], cost(j, i));
+        if (v < best[s][i]) {
+          best[s][i] = v;
+          from[s][i] = j;
+        }
+      }
+  std::vector<int> cuts(static_cast<size_t>(stages) - 1);
+  for (int s = stages, i = n; s > 1; --s) {
+    i = from[s][i];
+    cuts[static_cast<size_t>(s) - 2] = i;
+  }
+  return cuts;
+}
+
+// One direction of traffic with one neighbour: a two-rank communicator on which this rank only
+// sends, or only receives, so that its queue never mixes the two.
+struct Pipeline::Channel {
+  std::shared_ptr<comm::Communicator> comm;
+  int peer = 0;
+  Shape shape;       // what travels, per micro-batch (channels-last activations or gradients)
+  std::string what;  // for errors: "activations from stage 1"
+  // Receiving: the free buffers, and the receives posted (one ahead of the one taken).
+  std::vector<Tensor> free;
+  std::deque<std::pair<Tensor, comm::Work>> posted;
+  int to_post = 0;  // receives still to post in this step
+  // Sending: what is in flight, kept alive until taken.
+  std::deque<std::pair<Tensor, comm::Work>> sending;
+
+  size_t count() const { return static_cast<size_t>(tensor::shape_numel(shape)); }
+  void preallocate(int n) {
+    for (int i = 0; i < n; ++i)
+      free.push_back(Tensor::empty(shape, tensor::DType::f32, tensor::Order::channels_last));
+  }
+  void post() {
+    Tensor t;
+    if (!free.empty()) {
+      t = std::move(free.back());
+      free.pop_back();
+    } else {
+      t = Tensor::empty(shape, tensor::DType::f32, tensor::Order::channels_last);
+    }
+    comm::Work w = comm->recv(t.raw(), count(), comm::DataType::f32, peer);
+    posted.emplace_back(std::move(t), std::move(w));
+    --to_post;
+  }
+  void start(int n) {
+    to_post = n;
+    if (to_post > 0) post();
+  }
+  // The next message (posting the one after it first, so that it arrives during compute).
+  Tensor take() {
+    COHORT_CHECK(!posted.empty(), "pipeline: " << what << ": nothing posted to receive");
+    if (to_post > 0) post();
+    auto [t, w] = std::move(posted.front());
+    posted.pop_front();
+    wait(w, "receiving");
+    return t;
+  }
+  void give_back(Tensor t) {
+    if (t.defined() && t.block().use_count() == 1) free.push_back(std::move(t));
+  }
+  // A failed transfer names both stages and their ranks (the communicator's own message says
+  // rank 0 or 1 of the pair).
+  void wait(comm::Work& w, const char* doing) {
+    try {
+      w.wait();
+    } catch (const std::exception& e) {
+      COHORT_THROW_AS(CommError, "pipeline: " << doing << " " << what << " failed: " << e.what());
+    }
+  }
+  void send(const Tensor& t) {
+    COHORT_CHECK(t.shape() == shape,
+                 "pipeline: " << what << " has shape " << tensor::shape_string(t.shape())
+                              << ", the neighbour expects " << tensor::shape_string(shape));
+    Tensor dense = t.is_channels_last() ? t : t.channels_last();
+    comm::Work w = comm->send(dense.raw(), count(), comm::DataType::f32, peer);
+    sending.emplace_back(std::move(dense), std::move(w));
+    while (!sending.empty() && sending.front().second.test()) {
+      wait(sending.front().second, "sending");  // rethrows a failure
+      sending.pop_front();
+    }
+  }
+  void drain() {
+    while (!sending.empty()) {
+      wait(sending.front().second, "sending");
+      sending.pop_front();
+    }
+  }
+};
+
+// A micro-batch in flight on this stage.
+struct Pipeline::Micro {
+  nn::Tape tape;
+  Var input, output, loss;
+  Tensor received;  // the activation buffer input reads (returned to the channel after backward)
+};
+
+Pipeline::Pipeline(nn::Model& m, std::shared_ptr<comm::Communicator> world,
+                   const PipelineOptions& o, const Shape& micro_input)
+    : m_(m), world_(std::move(world)), o_(o) {
+  const auto& pieces = m_.pieces();
+  const int S = o_.stages, W = world_->size();
+  COHORT_CHECK(!pieces.empty(), "model " << m_.name() << " cannot be cut into pipeline stages");
+  COHORT_CHECK(S >= 1 && W % S == 0,
+               "--pipeline-stages " << S << " does not divide the " << W << " ranks");
+  COHORT_CHECK(o_.micro_batches >= 1, "--micro-batches " << o_.micro_batches);
+  COHORT_CHECK(micro_input.size() == 4 && micro_input[0] >= 1,
+               "pipeline: micro-batch input " << tensor::shape_string(micro_input));
+  stage_ = world_->rank() % S;
+  replica_ = world_->rank() / S;
+  replicas_ = W / S;
+  const int n = static_cast<int>(pieces.size());
+
+  // Every piece's output shape and multiply-adds, from a forward of one sample (no tape, the
+  // running statistics untouched): every rank finds the same.
+  std::vector<Shape> shapes(static_cast<size_t>(n));
+  costs_.assign(static_cast<size_t>(n), 0.0);
+  {
+    nn::NoGrad off;
+    nn::FrozenBatchNormStatistics frozen;
+    Shape one = micro_input;
+    one[0] = 1;
+    Var h = nn::constant(Tensor::zeros(one, tensor::DType::f32, tensor::Order::channels_last));
+    for (int i = 0; i < n; ++i) {
+      const uint64_t before = nn::forward_macs();
+      h = pieces[static_cast<size_t>(i)].forward(h);
+      costs_[static_cast<size_t>(i)] = static_cast<double>(nn::forward_macs() - before);
+      shapes[static_cast<size_t>(i)] = h->value.shape();
+      shapes[static_cast<size_t>(i)][0] = micro_input[0];
+    }
+  }
+  if (o_.balance == "time" && o_.cuts.empty()) {
+    // Measured on rank 0 (one forward to warm up, one timed, per piece), sent to every rank.
+    if (world_->rank() == 0) {
+      nn::NoGrad off;
+      nn::FrozenBatchNormStatistics frozen;
+      for (int rep = 0; rep < 2; ++rep) {
+        Var h = nn::constant(
+            Tensor::zeros(micro_input, tensor::DType::f32, tensor::Order::channels_last));
+        for (int i = 0; i < n; ++i) {
+          auto t0 = Clock::now();
+          h = pieces[static_cast<size_t>(i)].forward(h);
+          costs_[static_cast<size_t>(i)] = seconds_since(t0);
+        }
+      }
+    }
+    world_->broadcast(costs_.data(), costs_.data(), costs_.size(), comm::DataType::f64, 0).wait();
+  } else {
+    COHORT_CHECK(o_.balance == "flops" || o_.balance == "time",
+                 "--pipeline-balance '" << o_.balance << "' (choices: flops, time)");
+  }
+  if (o_.cuts.empty()) {
+    cuts_ = balance_cuts(costs_, S);
+  } else {
+    cuts_ = o_.cuts;
+    COHORT_CHECK(static_cast<int>(cuts_.size()) == S - 1, "--pipeline-cuts has "
+                                                              << cuts_.size() << " cuts; " << S
+                                                              << " stages need " << S - 1);
+    for (int i = 0; i < S - 1; ++i) {
+      const int lo = i == 0 ? 1 : cuts_[static_cast<size_t>(i) - 1] + 1;
+      COHORT_CHECK(cuts_[static_cast<size_t>(i)] >= lo && cuts_[static_cast<size_t>(i)] < n,
+                   "--pipeline-cuts: cut " << i + 1 << " at piece " << cuts_[static_cast<size_t>(i)]
+                                           << " must be in [" << lo << ", " << n - 1
+                                           << "] (the model has " << n << " pieces)");
+    }
+  }
+  first_piece_ = stage_ == 0 ? 0 : cuts_[static_cast<size_t>(stage_) - 1];
+  last_piece_ = stage_ == S - 1 ? n : cuts_[static_cast<size_t>(stage_)];
+  in_shape_ = stage_ == 0 ? micro_input : shapes[static_cast<size_t>(first_piece_) - 1];
+  out_shape_ = shapes[static_cast<size_t>(last_piece_) - 1];
+  if (stage_ < S - 1) {
+    COHORT_CHECK(out_shape_.size() == 4, "pipeline: stage " << stage_ << " would send "
+                                                            << tensor::shape_string(out_shape_)
+                                                            << "; cuts go between 4-d blocks");
+  }
+
+  // This stage's parameters: one range of the flat buffers, the rest returned to the kernel.
+  const auto& params = m_.params();
+  const int pfirst = pieces[static_cast<size_t>(first_piece_)].first;
+  const int plast = pieces[static_cast<size_t>(last_piece_) - 1].last;
+  begin_ = pfirst < plast ? params[static_cast<size_t>(pfirst)]->offset : 0;
+  end_ = pfirst < plast ? params[static_cast<size_t>(plast) - 1]->offset +
+                              nn::flat_slot(static_cast<size_t>(
+                                  params[static_cast<size_t>(plast) - 1]->value.numel()))
+                        : 0;
+  float* values = m_.flat_values().data<float>();
+  float* grads = m_.flat_grads().data<float>();
+  const size_t total = static_cast<size_t>(m_.flat_values().numel());
+  tensor::drop_pages(values, begin_ * sizeof(float));
+  tensor::drop_pages(values + end_, (total - end_) * sizeof(float));
+  tensor::drop_pages(grads, total * sizeof(float));
+  target_.ranges.push_back({values + begin_, grads + begin_, end_ - begin_});
+  for (int i = pfirst; i < plast; ++i) {
+    const nn::Param* p = params[static_cast<size_t>(i)];
+    target_.pieces.push_back(
+        {p->index, 0, static_cast<size_t>(p->value.numel()), 0, p->offset - begin_, p->decay});
+  }
+  target_.num_params = static_cast<int>(params.size());
+
+  // The communicators: this replica's stages, this stage's replicas, and the channels.
+  pipe_ = world_->split(replica_, stage_);
+  replicas_comm_ = world_->split(stage_, replica_);
+  target_.sum_across = [this](double* v, size_t k) {
+    pipe_->allreduce(v, v, k, comm::DataType::f64, comm::RedOp::sum).wait();
+  };
+  // Pairs (s, s+1) with s even, then with s odd; activations, then gradients. A rank outside
+  // any pair of a split (the ends) takes no communicator (colour -1).
+  std::shared_ptr<comm::Communicator> pairs[2][2];  // [activations|gradients][even|odd]
+  for (int kind = 0; kind < 2; ++kind)
+    for (int parity = 0; parity < 2; ++parity) {
+      const int low = (stage_ - parity) % 2 == 0 ? stage_ : stage_ - 1;  // the pair's first
+      const bool paired = low >= 0 && low + 1 < S;
+      pairs[kind][parity] = pipe_->split(paired ? low : -1, stage_);
+    }
+  auto channel = [&](int kind, int low, int peer, const Shape& shape, const std::string& what,
+                     int other) {
+    auto c = std::make_unique<Channel>();
+    c->comm = pairs[kind][low % 2];
+    c->peer = peer;
+    c->shape = shape;
+    c->what = "stage " + std::to_string(stage_) + " (rank " + std::to_string(world_->rank()) +
+              "): " + what + " stage " + std::to_string(other) + " (rank " +
+              std::to_string(replica_ * S + other) + ")";
+    return c;
+  };
+  if (stage_ > 0) {
+    act_in_ = channel(0, stage_ - 1, 0, in_shape_, "activations from", stage_ - 1);
+    grad_out_ = channel(1, stage_ - 1, 0, in_shape_, "gradients to", stage_ - 1);
+  }
+  if (stage_ < S - 1) {
+    act_out_ = channel(0, stage_, 1, out_shape_, "activations to", stage_ + 1);
+    grad_in_ = channel(1, stage_, 1, out_shape_, "gradients from", stage_ + 1);
+  }
+  check_shapes();
+
+  actions_ = schedule_actions(o_.schedule, S, stage_, o_.micro_batches);
+  // Receive buffers: one per micro-batch held at once, and one posted ahead.
+  if (act_in_) act_in_->preallocate(peak_in_flight(actions_) + 1);
+  if (grad_in_) grad_in_->preallocate(2);
+  for (int i = 0; i < o_.micro_batches; ++i) {
+    micro_.push_back(std::make_unique<Micro>());
+    micro_.back()->tape.track_uses(false);
+  }
+  if (o_.deferred_batch_norm) nn::defer_batch_norm_statistics(m_.root(), true);
+  // Every replica starts from replica 0's values and statistics.
+  if (replicas_ > 1) {
+    replicas_comm_
+        ->broadcast(values + begin_, values + begin_, end_ - begin_, comm::DataType::f32, 0)
+        .wait();
+    for (nn::Buffer* b : m_.buffers()) {
+      const comm::DataType t =
+          b->value.dtype() == tensor::DType::i64 ? comm::DataType::i64 : comm::DataType::f32;
+      replicas_comm_
+          ->broadcast(b->value.raw(), b->value.raw(), static_cast<size_t>(b->value.numel()), t, 0)
+          .wait();
+    }
+  }
+}
+
+Pipeline::~Pipeline() = default;
+
+// Each stage tells the next the shape it will send; the next compares it with what it expects
+// to receive, and both fail naming the two sides when they differ.
+void Pipeline::check_shapes() {
+  std::vector<int64_t> sent(5, 0), expected(5, 0);
+  if (act_out_) {
+    sent[0] = static_cast<int64_t>(out_shape_.size());
+    for (size_t i = 0; i < out_shape_.size() && i < 4; ++i) sent[i + 1] = out_shape_[i];
+    act_out_->comm->send(sent.data(), sent.size(), comm::DataType::i64, act_out_->peer).wait();
+  }
+  if (act_in_) {
+    std::vector<int64_t> got(5, 0);
+    act_in_->comm->recv(got.data(), got.size(), comm::DataType::i64, act_in_->peer).wait();
+    expected[0] = static_cast<int64_t>(in_shape_.size());
+    for (size_t i = 0; i < in_shape_.size() && i < 4; ++i) expected[i + 1] = in_shape_[i];
+    if (got != expected) {
+      Shape g(got.begin() + 1, got.begin() + 1 + std::clamp<int64_t>(got[0], 0, 4));
+      COHORT_THROW("pipeline: stage " << stage_ - 1 << " sends activations of shape "
+                                      << tensor::shape_string(g) << " but stage " << stage_
+                                      << " expects " << tensor::shape_string(in_shape_)
+                                      << " (do both run the same model, cut and batch?)");
+    }
+  }
+}
+
+std::string Pipeline::describe() const {
+  const auto& pieces = m_.pieces();
+  double total = 0;
+  for (double c : costs_) total += c;
+  std::ostringstream os;
+  os << o_.stages << " stages x " << replicas_ << " replicas, " << o_.micro_batches
+     << " micro-batches, " << schedule_name(o_.schedule) << " (bubble by the formula "
+     << std::lround(100 * bubble_formula(o_.stages, o_.micro_batches)) << "%), cut by "
+     << (o_.cuts.empty() ? o_.balance : std::string("hand")) << ":";
+  for (int s = 0; s < o_.stages; ++s) {
+    const int a = s == 0 ? 0 : cuts_[static_cast<size_t>(s) - 1];
+    const int b =
+        s == o_.stages - 1 ? static_cast<int>(pieces.size()) : cuts_[static_cast<size_t>(s)];
+    double c = 0;
+    int64_t params = 0;
+    for (int i = a; i < b; ++i) {
+      c += costs_[static_cast<size_t>(i)];
+      for (int p = pieces[static_cast<size_t>(i)].first; p < pieces[static_cast<size_t>(i)].last;
+           ++p)
+        params += m_.params()[static_cast<size_t>(p)]->value.numel();
+    }
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "\n  stage %d: %s .. %s (%d pieces, %.2fM parameters, %.0f%% of the cost)", s,
+                  pieces[static_cast<size_t>(a)].name.c_str(),
+                  pieces[static_cast<size_t>(b) - 1].name.c_str(), b - a,
+                  static_cast<double>(params) / 1e6, total > 0 ? 100 * c / total : 0.0);
+    os << line;
+  }
+  return os.str();
+}
+
+void Pipeline::run_forward(int i, const Tensor& x, const LossFn& loss) {
+  Micro& mb = *micro_[static_cast<size_t>(i)];
+  if (first()) {
+    const int64_t n = in_shape_[0];
+    mb.input = nn::constant(x.narrow0(i * n, (i + 1) * n));
+  } else {
+    auto t0 = Clock::now();
+    mb.received = act_in_->take();
+    stats_.idle_s += seconds_since(t0);
+    mb.input = nn::constant(mb.received);
+    mb.input->requires_grad = true;
+  }
+  auto t0 = Clock::now();
+  const auto& pieces = m_.pieces();
+  auto run = [&]() {
+    Var h = mb.input;
+    for (int p = first_piece_; p < last_piece_; ++p) h = pieces[static_cast<size_t>(p)].forward(h);
+    return h;
+  };
+  if (o_.recompute) {
+    nn::NoGrad off;  // only the input is kept; backward runs the forward again
+    mb.output = run();
+    if (last()) mb.loss = loss(mb.output, i);
+  } else {
+    nn::Tape::Recording rec(mb.tape);
+    mb.output = run();
+    if (last()) mb.loss = loss(mb.output, i);
+  }
+  if (last()) loss_sum_ += mb.loss->value.data<float>()[0];
+  stats_.compute_s += seconds_since(t0);
+  if (!last()) {
+    act_out_->send(mb.output->value);
+    if (o_.recompute) mb.output.reset();
+  }
+}
+
+void Pipeline::run_backward(int i, const LossFn& loss, float seed) {
+  Micro& mb = *micro_[static_cast<size_t>(i)];
+  Tensor grad;
+  if (!last()) {
+    auto t0 = Clock::now();
+    grad = grad_in_->take();
+    stats_.idle_s += seconds_since(t0);
+  }
+  auto t0 = Clock::now();
+  if (o_.recompute) {
+    nn::FrozenBatchNormStatistics frozen;  // counted in the first forward
+    nn::Tape::Recording rec(mb.tape);
+    Var h = mb.input;
+    for (int p = first_piece_; p < last_piece_; ++p)
+      h = m_.pieces()[static_cast<size_t>(p)].forward(h);
+    mb.output = h;
+    if (last()) mb.loss = loss(mb.output, i);
+  }
+  if (last()) {
+    mb.tape.backward(mb.loss, seed);
+  } else {
+    mb.tape.backward_from(mb.output, grad);
+  }
+  stats_.compute_s += seconds_since(t0);
+  if (!last()) grad_in_->give_back(std::move(grad));
+  if (!first()) {
+    COHORT_CHECK(mb.input->grad.defined(),
+                 "pipeline: stage " << stage_ << " got no gradient for its input");
+    grad_out_->send(mb.input->grad);
+    mb.input.reset();
+    act_in_->give_back(std::move(mb.received));
+  }
+  mb.input.reset();
+  mb.output.reset();
+  mb.loss.reset();
+}
+
+void Pipeline::zero_grad() {
+  float* g = m_.flat_grads().data<float>();
+  std::fill(g + begin_, g + end_, 0.0f);
+}
+
+float Pipeline::run(const Tensor& x, const LossFn& loss, float loss_scale) {
+  const int M = o_.micro_batches;
+  if (first()) {
+    Shape want = in_shape_;
+    want[0] = x.size(0);
+    COHORT_CHECK(x.shape() == want, "pipeline: the mini-batch "
+                                        << tensor::shape_string(x.shape()) << " is not " << M
+                                        << " micro-batches of " << tensor::shape_string(in_shape_));
+  }
+  StepMemory mem;
+  mem.begin();
+  loss_sum_ = 0;
+  const float seed = loss_scale / static_cast<float>(M * replicas_);
+  if (act_in_) act_in_->start(M);
+  if (grad_in_) grad_in_->start(M);
+  auto t_step = Clock::now();
+  int held = 0;
+  const size_t base = tensor::Allocator::cpu().stats().in_use;
+  for (const Action& a : actions_) {
+    if (a.forward) {
+      run_forward(a.micro, x, loss);
+      stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++held);
+      const size_t now = tensor::Allocator::cpu().stats().in_use;
+      stats_.peak_activations = std::max(stats_.peak_activations, now > base ? now - base : 0);
+    } else {
+      run_backward(a.micro, loss, seed);
+      --held;
+    }
+  }
+  stats_.step_s += seconds_since(t_step);
+  auto t_send = Clock::now();
+  if (act_out_) act_out_->drain();
+  if (grad_out_) grad_out_->drain();
+  stats_.send_s += seconds_since(t_send);
+  mem.end();
+  stats_.peak_step = std::max(stats_.peak_step, mem.peak());
+  ++stats_.steps;
+  float mean = loss_sum_ / static_cast<float>(M);
+  pipe_->broadcast(&mean, &mean, 1, comm::DataType::f32, o_.stages - 1).wait();
+  return mean;
+}
+
+double Pipeline::finish() {
+  if (o_.deferred_batch_norm) nn::commit_batch_norm_statistics(m_.root());
+  // The replicas' average of this stage's gradients, in pieces of 25 MB.
+  float* g = m_.flat_grads().data<float>();
+  auto t_red = Clock::now();
+  if (replicas_ > 1) {
+    const size_t chunk = 25u << 18;  // elements
+    std::vector<comm::Work> works;
+    for (size_t a = begin_; a < end_; a += chunk) {
+      const size_t k = std::min(chunk, end_ - a);
+      works.push_back(
+          replicas_comm_->allreduce(g + a, g + a, k, comm::DataType::f32, comm::RedOp::sum));
+    }
+    for (comm::Work& w : works) w.wait();
+  }
+  const double waited = seconds_since(t_red);
+  stats_.reduce_s += waited;
+  return waited;
+}
+
+void Pipeline::gather_model() {
+  const auto& pieces = m_.pieces();
+  const auto& params = m_.params();
+  float* values = m_.flat_values().data<float>();
+  for (int s = 0; s < o_.stages; ++s) {
+    const int a = s == 0 ? 0 : cuts_[static_cast<size_t>(s) - 1];
+    const int b =
+        s == o_.stages - 1 ? static_cast<int>(pieces.size()) : cuts_[static_cast<size_t>(s)];
+    const int pfirst = pieces[static_cast<size_t>(a)].first;
+    const int plast = pieces[static_cast<size_t>(b) - 1].last;
+    if (pfirst < plast) {
+      const size_t lo = params[static_cast<size_t>(pfirst)]->offset;
+      const size_t hi =
+          params[static_cast<size_t>(plast) - 1]->offset +
+          nn::flat_slot(static_cast<size_t>(params[static_cast<size_t>(plast) - 1]->value.numel()));
+      pipe_->broadcast(values + lo, values + lo, hi - lo, comm::DataType::f32, s).wait();
+    }
+    // The BatchNorm statistics under the stage's pieces.
+    for (nn::Buffer* buf : m_.buffers()) {
+      bool mine = false;
+      for (int i = a; i < b && !mine; ++i)
+        for (const std::string& mod : pieces[static_cast<size_t>(i)].modules)
+          if (buf->name.compare(0, mod.size() + 1, mod + ".") == 0) mine = true;
+      if (!mine) continue;
+      const comm::DataType t =
+          buf->value.dtype() == tensor::DType::i64 ? comm::DataType::i64 : comm::DataType::f32;
+      pipe_
+          ->broadcast(buf->value.raw(), buf->value.raw(), static_cast<size_t>(buf->value.numel()),
+                      t, s)
+          .wait();
+    }
+  }
+}
+
+MemoryReport Pipeline::memory(const nn::Optimizer& opt) const {
+  MemoryReport r;
+  r.mode = Shard::none;
+  r.ranks = 1;
+  for (const nn::ParamPiece& p : target_.pieces) r.psi += static_cast<int64_t>(p.hi - p.lo);
+  r.parameters = r.gradients = (end_ - begin_) * sizeof(float);
+  add_optimizer_state(r, opt);
+  r.activations = stats_.peak_step;
+  for (const Channel* c : {act_in_.get(), grad_in_.get()})
+    if (c) r.comm_buffers += (c->free.size() + c->posted.size()) * c->count() * sizeof(float);
+  return r;
+}
+
+std::vector<StageStats> Pipeline::gather_stats() {
+  const int W = world_->size();
+  std::vector<double> mine = {static_cast<double>(stats_.steps),
+                              stats_.step_s,
+                              stats_.compute_s,
+                              stats_.idle_s,
+                              stats_.send_s,
+                              stats_.reduce_s,
+                              static_cast<double>(stats_.peak_activations),
+                              static_cast<double>(stats_.peak_in_flight),
+                              static_cast<double>(stats_.peak_step)};
+  std::vector<double> all(mine.size() * static_cast<size_t>(W));
+  world_->allgather(mine.data(), all.data(), mine.size(), comm::DataType::f64).wait();
+  std::vector<StageStats> out(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) {
+    const double* v = all.data() + mine.size() * static_cast<size_t>(r);
+    StageStats& s = out[static_cast<size_t>(r)];
+    s.steps = static_cast<int>(v[0]);
+    s.step_s = v[1];
+    s.compute_s = v[2];
+    s.idle_s = v[3];
+    s.send_s = v[4];
+    s.reduce_s = v[5];
+    s.peak_activations = static_cast<size_t>(v[6]);
+    s.peak_in_flight = static_cast<int>(v[7]);
+    s.peak_step = static_cast<size_t>(v[8]);
+  }
+  return out;
+}
+
+}  // namespace cohort::dist
