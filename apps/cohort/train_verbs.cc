@@ -9,6 +9,34 @@
 
 namespace cohort::cli {
 
+namespace {
+
+void add_pipeline_options(CLI::App& app, dist::PipelineOptions& p) {
+  app.add_option("--pipeline-stages", p.stages,
+                 "Cut the model into this many pipeline stages (ranks: stages x replicas)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--micro-batches", p.micro_batches, "Pipeline micro-batches per mini-batch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--schedule", p.schedule, "Pipeline schedule: gpipe or 1f1b")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, dist::Schedule>{
+          {"gpipe", dist::Schedule::gpipe}, {"1f1b", dist::Schedule::one_f_one_b}}))
+      ->default_str("1f1b");
+  app.add_option("--pipeline-cuts", p.cuts,
+                 "The first piece of stages 1.. (S-1 numbers); default: balanced")
+      ->delimiter(',');
+  app.add_option("--pipeline-balance", p.balance,
+                 "Balance the cut by flops (counted) or time (measured on rank 0)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"flops", "time"}));
+  app.add_flag("--deferred-batch-norm", p.deferred_batch_norm,
+               "BatchNorm running statistics over the whole mini-batch, not per micro-batch");
+  app.add_flag("--recompute", p.recompute,
+               "Keep only each micro-batch's stage input; run its forward again in backward");
+}
+
+}  // namespace
+
 Run add_train(CLI::App& app) {
   struct Opts {
     std::string config;
@@ -111,6 +139,7 @@ Run add_bench_train(CLI::App& app) {
       "--max-memory",
       [o](const std::string& v) { o->max_memory = train::parse_byte_size("--max-memory", v); },
       "Per-rank memory cap (K/M/G suffixes)");
+  add_pipeline_options(app, o->pipeline);
   auto profile_path = std::make_shared<std::string>();
   app.add_option("--profile", *profile_path,
                  "Write the model's profile for cohort plan here (JSON): per layer FLOPs, "

@@ -16,6 +16,7 @@
 namespace cohort::train {
 
 BenchTrainResult bench_train(const BenchTrainOptions& o) {
+  if (o.pipeline.stages > 0) return bench_pipeline(o);
   COHORT_CHECK(o.steps > 0 && o.warmup >= 0 && o.batch > 0,
                "bench train: steps " << o.steps << ", warmup " << o.warmup);
   comm::JobEnv job = comm::detect_job_env();

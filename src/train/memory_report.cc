@@ -26,6 +26,10 @@ std::vector<dist::MemoryReport> gather_memory(const nn::Model& m, dist::DataPara
         static_cast<size_t>(const_cast<nn::Model&>(m).flat_values().numel()) * sizeof(float);
     dist::add_optimizer_state(r, opt);
   }
+  return gather_reports(r, world);
+}
+
+std::vector<dist::MemoryReport> gather_reports(dist::MemoryReport r, comm::Communicator* world) {
   r.peak_rss = peak_rss_bytes();
   if (!world) return {r};
   // The byte counts, in one order for packing and unpacking; then ranks, psi and K.

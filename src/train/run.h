@@ -56,6 +56,9 @@ struct Run {
 // DDP, the schedule and the resume; prints what the run is.
 Run set_up(const TrainConfig& c);
 
+// cohort bench train with --pipeline-stages.
+BenchTrainResult bench_pipeline(const BenchTrainOptions& o);
+
 // Shared by cohort train and cohort bench train.
 void default_threads(int asked, const comm::JobEnv& job);
 std::string apply_precision(Precision p);  // sets the compute type; says what runs in what
@@ -73,6 +76,8 @@ dist::RunPosition position_after(const Run& r, int64_t step, int64_t epoch, int6
 // One process (dp null): the model state alone, with the kernel's peak RSS.
 std::vector<dist::MemoryReport> gather_memory(const nn::Model& m, dist::DataParallel* dp,
                                               const nn::Optimizer& opt, comm::Communicator* world);
+// Every rank's report (this rank's is r, with the kernel's peak RSS added), by rank.
+std::vector<dist::MemoryReport> gather_reports(dist::MemoryReport r, comm::Communicator* world);
 nlohmann::json memory_json(const std::vector<dist::MemoryReport>& ranks);
 // Stops the run with the report when a rank's accounted memory, or the kernel's peak RSS, passed
 // --max-memory.

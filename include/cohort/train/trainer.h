@@ -8,6 +8,7 @@
 
 #include "cohort/data/pipeline.h"
 #include "cohort/dist/data_parallel.h"
+#include "cohort/dist/pipeline.h"
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
 #include "cohort/train/config.h"
@@ -71,10 +72,11 @@ struct BenchTrainOptions {
   int steps = 10, warmup = 3, threads = 0;
   std::string optimizer = "sgd";
   std::string json;
-  bool profile = true;    // time every kind of op and report the split
-  bool timeline = false;  // time every op the tape records (result.ops): --profile FILE
-  bool no_sync = false;   // no gradient reduction (the step's cost without it)
-  dist::DdpOptions ddp;   // under a launcher with several ranks: the mode and its options
+  bool profile = true;             // time every kind of op and report the split
+  bool timeline = false;           // time every op the tape records (result.ops): --profile FILE
+  bool no_sync = false;            // no gradient reduction (the step's cost without it)
+  dist::DdpOptions ddp;            // under a launcher with several ranks: the mode and its options
+  dist::PipelineOptions pipeline;  // stages > 0: pipelined (bench_pipeline)
   uint64_t max_memory = 0;
   Precision precision = Precision::f32;
 };
