@@ -18,7 +18,7 @@ void add_pipeline_options(CLI::App& app, dist::PipelineOptions& p) {
   app.add_option("--micro-batches", p.micro_batches, "Pipeline micro-batches per mini-batch")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  app.add_option("--schedule", p.schedule, "Pipeline schedule: gpipe or 1f1b")
+  app.add_option("--pipeline-schedule", p.schedule, "Pipeline schedule: gpipe or 1f1b")
       ->transform(CLI::CheckedTransformer(std::map<std::string, dist::Schedule>{
           {"gpipe", dist::Schedule::gpipe}, {"1f1b", dist::Schedule::one_f_one_b}}))
       ->default_str("1f1b");

@@ -15,6 +15,7 @@
 #include "cohort/data/source.h"
 #include "cohort/dist/checkpoint.h"
 #include "cohort/dist/data_parallel.h"
+#include "cohort/dist/pipeline.h"
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
 #include "cohort/train/config.h"
@@ -33,6 +34,7 @@ struct Run {
   std::unique_ptr<nn::Model> model;
   std::unique_ptr<nn::Optimizer> opt;
   std::unique_ptr<dist::DataParallel> dp;  // with several ranks: DDP or a sharded mode
+  std::unique_ptr<dist::Pipeline> pipe;    // --pipeline-stages: this rank's stage (dp is null)
   nn::OptimTarget target;                  // what this rank's optimiser updates
   int64_t per_epoch = 0;                   // optimiser steps per epoch
   int64_t total = 0;                       // steps of the whole run
@@ -66,6 +68,11 @@ std::string apply_precision(Precision p);  // sets the compute type; says what r
 // A pipeline batch as the model's input (a view, no copy) and its targets.
 Tensor batch_tensor(const data::Batch& b);
 Targets batch_targets(const data::Batch& b, bool multilabel, int classes);
+
+// One mini-batch through the pipeline: the first stage's images x, the last stage's targets t,
+// both split into micro_batches; the loss gradient seeded with loss_scale. Returns the mean loss.
+float pipeline_forward_backward(dist::Pipeline& p, const Tensor& x, const Targets& t,
+                                int micro_batches, float label_smoothing, float loss_scale);
 
 // Writes a checkpoint at `at` (every rank its shard, when --checkpoint-dir is set) and says so.
 void write_checkpoint(const Run& r, const dist::RunPosition& at);

@@ -51,12 +51,21 @@ void announce(const Run& r) {
   const TrainConfig& c = r.c;
   r.say(
       "train: %s (%lld parameters, %d input channels, %d %s) on %s: %zu samples, %d rank(s), "
-      "%lld steps/epoch, batch %d x %d ranks x %d accumulation = %lld, %d compute threads, %d "
+      "%lld steps/epoch, batch %d x %d %s x %d accumulation = %lld, %d compute threads, %d "
       "data workers\n",
       c.model.c_str(), static_cast<long long>(r.model->num_parameters()), r.in_channels, r.classes,
       c.multilabel ? "findings" : "classes", c.data.c_str(), r.source->size(), r.job.world,
-      static_cast<long long>(r.per_epoch), c.batch, r.job.world, c.accum_steps,
+      static_cast<long long>(r.per_epoch), c.batch,
+      static_cast<int>(r.global_batch / (int64_t{c.batch} * c.accum_steps)),
+      r.pipe ? "replicas" : "ranks", c.accum_steps,
       static_cast<long long>(r.global_batch), tensor::threads(), c.workers);
+  if (r.pipe) {
+    r.say("train: pipeline: %s%s%s\n", r.pipe->describe().c_str(),
+          c.deferred_batch_norm ? "\ntrain: BatchNorm running statistics deferred to the whole "
+                                  "mini-batch"
+                                : "",
+          c.recompute ? "\ntrain: activations recomputed in backward" : "");
+  }
   if (r.dp) {
     r.say("train: %s%s\n", r.dp->describe().c_str(), c.sync_bn ? "; SyncBatchNorm" : "");
     if (c.accum_steps > 1) {
@@ -136,7 +145,31 @@ Run set_up(const TrainConfig& c) {
   Run r;
   r.c = c;
   r.job = comm::detect_job_env();
-  if (r.job.world > 1) r.world = comm::init();
+  const bool piped = c.pipeline_stages > 0;
+  if (r.job.world > 1 || piped) r.world = comm::init();
+  // Under a pipeline the data is sharded by replica: a replica's stages read the same batches
+  // (the first stage takes the images, the last the labels).
+  int data_world = r.job.world, data_rank = r.job.rank;
+  if (piped) {
+    COHORT_CHECK(r.job.world % c.pipeline_stages == 0,
+                 "--pipeline-stages " << c.pipeline_stages << " does not divide the "
+                                      << r.job.world << " ranks");
+    COHORT_CHECK(c.batch % c.micro_batches == 0, "--batch " << c.batch
+                                                            << " is not a multiple of "
+                                                               "--micro-batches "
+                                                            << c.micro_batches);
+    COHORT_CHECK(c.shard == dist::Shard::none && !c.sync_bn,
+                 "--pipeline-stages with --shard " << dist::shard_name(c.shard)
+                                                   << (c.sync_bn ? " and --sync-bn" : "")
+                                                   << ": a stage's replicas run DDP; sharding "
+                                                      "and SyncBatchNorm inside a stage are not "
+                                                      "built yet");
+    COHORT_CHECK(c.checkpoint_dir.empty() && c.resume.empty(),
+                 "--pipeline-stages with --checkpoint-dir or --resume: per-stage checkpoints "
+                 "are not built yet");
+    data_world = r.job.world / c.pipeline_stages;
+    data_rank = r.job.rank / c.pipeline_stages;
+  }
   r.lead = r.job.rank == 0;
   default_threads(c.threads, r.job);
   r.precision_note = apply_precision(c.precision);
@@ -158,7 +191,7 @@ Run set_up(const TrainConfig& c) {
     r.classes = std::max({mx + 1, 2, static_cast<int>(r.class_names.size())});
   }
   r.train = std::make_unique<data::Pipeline>(r.source,
-                                             pipeline_options(c, true, r.job.world, r.job.rank));
+                                             pipeline_options(c, true, data_world, data_rank));
   if (!c.val.empty()) {
     r.val = std::make_unique<data::Pipeline>(data::open_source(c.val),
                                              pipeline_options(c, false, r.job.world, r.job.rank));
@@ -189,6 +222,30 @@ Run set_up(const TrainConfig& c) {
   COHORT_CHECK(r.per_epoch > 0, c.data << ": " << r.train->batches_per_epoch()
                                        << " batches per rank per epoch, fewer than accum-steps "
                                        << c.accum_steps);
+  if (piped) {
+    dist::PipelineOptions po;
+    po.stages = c.pipeline_stages;
+    po.micro_batches = c.micro_batches;
+    po.schedule = dist::parse_schedule(c.pipeline_schedule);
+    po.balance = c.pipeline_balance;
+    po.deferred_batch_norm = c.deferred_batch_norm;
+    po.recompute = c.recompute;
+    for (size_t at = 0; at < c.pipeline_cuts.size();) {
+      size_t end = c.pipeline_cuts.find(',', at);
+      if (end == std::string::npos) end = c.pipeline_cuts.size();
+      const std::string v = c.pipeline_cuts.substr(at, end - at);
+      try {
+        po.cuts.push_back(std::stoi(v));
+      } catch (const std::exception&) {
+        COHORT_THROW("--pipeline-cuts '" << c.pipeline_cuts << "': '" << v
+                                         << "' is not a piece number");
+      }
+      at = end + 1;
+    }
+    r.pipe = std::make_unique<dist::Pipeline>(
+        *r.model, r.world, po,
+        tensor::Shape{c.batch / c.micro_batches, r.in_channels, c.image_size, c.image_size});
+  }
   if (r.world) {
     // Every rank must see the same number of steps, or the ones with more would wait forever
     // in an allreduce: compare before the first step (the sampler pads, so only different data
@@ -200,10 +257,14 @@ Run set_up(const TrainConfig& c) {
                      << r.job.rank << " has " << r.per_epoch << ", another has "
                      << (all[0] != r.per_epoch ? all[0] : -all[1])
                      << " (same --data, --batch and --accum-steps on every rank?)");
-    r.dp = dist::make_data_parallel(*r.model, r.world, d);
-    if (c.sync_bn) dist::sync_batch_norm(*r.model, r.world);
+    if (!piped) {
+      r.dp = dist::make_data_parallel(*r.model, r.world, d);
+      if (c.sync_bn) dist::sync_batch_norm(*r.model, r.world);
+    }
   }
-  r.target = r.dp ? r.dp->optim_target() : nn::whole_model(*r.model);
+  r.target = r.dp     ? r.dp->optim_target()
+             : r.pipe ? r.pipe->optim_target()
+                      : nn::whole_model(*r.model);
   nn::OptimOptions oo;
   oo.kind = c.optimizer;
   oo.momentum = c.momentum;
@@ -211,7 +272,7 @@ Run set_up(const TrainConfig& c) {
   oo.weight_decay = c.weight_decay;
   r.opt = nn::make_optimizer(r.target, oo);
 
-  r.global_batch = int64_t{c.batch} * r.job.world * c.accum_steps;
+  r.global_batch = int64_t{c.batch} * data_world * c.accum_steps;
   r.lr = c.lr_scaling == LrScaling::linear
              ? nn::linear_scaled_lr(c.lr, r.global_batch, c.lr_reference_batch)
              : c.lr;

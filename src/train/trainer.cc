@@ -40,6 +40,7 @@ nlohmann::json config_json(const Run& r) {
 // then every rank's shard; prints and returns the figures for the log.
 nlohmann::json validate(Run& r, int64_t epoch, TrainSummary& s) {
   if (r.dp) r.dp->broadcast_buffers();
+  if (r.pipe) r.pipe->gather_model();  // every rank evaluates its shard on the whole model
   const EvalResult e = evaluate(*r.model, *r.val, r.c.multilabel, r.classes, r.world.get());
   s.last_val = e;
   s.has_val = true;
@@ -62,6 +63,12 @@ nlohmann::json validate(Run& r, int64_t epoch, TrainSummary& s) {
                         {"val_auc", finite_or_null(e.auc)}};
   if (!per.empty()) out["val_auc_per_finding"] = per;
   return out;
+}
+
+// Every rank's memory report: the engine's under data parallelism, the stage's under a pipeline.
+std::vector<dist::MemoryReport> memory_of(const Run& r) {
+  if (r.pipe) return gather_reports(r.pipe->memory(*r.opt), r.world.get());
+  return gather_memory(*r.model, r.dp.get(), *r.opt, r.world.get());
 }
 
 // --baseline-json: this run's images/s against a smaller run's, per rank.
@@ -90,6 +97,7 @@ double scaling_efficiency(const Run& r, double images_per_s) {
 TrainSummary run_training(const TrainConfig& config) {
   Run r = set_up(config);
   const TrainConfig& c = r.c;
+  nlohmann::json summary_extra = nlohmann::json::object();
   LossScaler scaler(c.precision == Precision::f16, c.loss_scale);
   ProgressMeter meter(r);
   nlohmann::json log = config_json(r);
@@ -109,6 +117,8 @@ TrainSummary run_training(const TrainConfig& config) {
       auto t_step = Clock::now();
       if (r.dp) {
         r.dp->zero_grad();
+      } else if (r.pipe) {
+        r.pipe->zero_grad();
       } else {
         r.model->zero_grad();
       }
@@ -119,14 +129,21 @@ TrainSummary run_training(const TrainConfig& config) {
         COHORT_CHECK(r.train->next(&b), "rank " << r.job.rank << " ran out of data at step " << step
                                                 << " of epoch " << epoch);
         data_s += seconds_since(t0);
-        loss +=
-            forward_backward(*r.model, batch_tensor(b), batch_targets(b, c.multilabel, r.classes),
-                             c.label_smoothing, scaler.scale() / static_cast<float>(c.accum_steps),
-                             r.dp.get(), k == c.accum_steps - 1, nullptr) /
-            static_cast<float>(c.accum_steps);
+        const float scale = scaler.scale() / static_cast<float>(c.accum_steps);
+        const Targets t = batch_targets(b, c.multilabel, r.classes);
+        if (r.pipe) {
+          loss += pipeline_forward_backward(*r.pipe, batch_tensor(b), t, c.micro_batches,
+                                            c.label_smoothing, scale) /
+                  static_cast<float>(c.accum_steps);
+        } else {
+          loss += forward_backward(*r.model, batch_tensor(b), t, c.label_smoothing, scale,
+                                   r.dp.get(), k == c.accum_steps - 1, nullptr) /
+                  static_cast<float>(c.accum_steps);
+        }
         images += b.size;
       }
       if (r.dp) comm_s = r.dp->finish();
+      if (r.pipe) comm_s = r.pipe->finish();
       // Loss scaling, clipping (over every rank's shard), the optimiser, the updated shards out.
       const float lr = r.sched.at(step);
       const float scale = scaler.scale();
@@ -150,12 +167,10 @@ TrainSummary run_training(const TrainConfig& config) {
       s.final_loss = loss;
       epoch_loss += loss;
       meter.record({step, epoch, loss, lr, compute_s, comm_s, data_s,
-                    static_cast<uint64_t>(images) * static_cast<uint64_t>(r.job.world),
+                    static_cast<uint64_t>(images) *
+                        static_cast<uint64_t>(r.global_batch / (int64_t{c.batch} * c.accum_steps)),
                     r.dp ? r.dp->traffic() : dist::Traffic()});
-      if (c.max_memory > 0) {
-        check_memory_cap(gather_memory(*r.model, r.dp.get(), *r.opt, r.world.get()), c.max_memory,
-                         step);
-      }
+      if (c.max_memory > 0) check_memory_cap(memory_of(r), c.max_memory, step);
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0 && step < r.total) {
         write_checkpoint(r, position_after(r, step, epoch, in_epoch));
       }
@@ -185,10 +200,29 @@ TrainSummary run_training(const TrainConfig& config) {
     r.say("train: per step: compute %.1f ms, exposed communication %.1f ms, data wait %.1f ms\n",
           meter.compute_ms(), meter.comm_ms(), meter.data_ms());
   }
-  const std::vector<dist::MemoryReport> memory =
-      gather_memory(*r.model, r.dp.get(), *r.opt, r.world.get());
+  const std::vector<dist::MemoryReport> memory = memory_of(r);
+  if (r.pipe) {
+    // Every stage's time split and the bubble, against the formula.
+    const std::vector<dist::StageStats> st = r.pipe->gather_stats();
+    double bubble = 0;
+    for (size_t k = 0; k < st.size(); ++k) {
+      const double n = std::max(1, st[k].steps);
+      bubble += st[k].bubble() / static_cast<double>(st.size());
+      r.say(
+          "train: rank %zu (stage %d): compute %.1f ms, idle %.1f ms, allreduce wait %.1f ms per "
+          "mini-batch; activations at most %.1f MB (%d micro-batches)\n",
+          k, static_cast<int>(k) % c.pipeline_stages, 1e3 * st[k].compute_s / n,
+          1e3 * st[k].idle_s / n, 1e3 * st[k].reduce_s / n, st[k].peak_activations / 1e6,
+          st[k].peak_in_flight);
+    }
+    r.say("train: pipeline bubble %.1f%% measured, %.1f%% by the formula (S-1)/(M+S-1)\n",
+          100 * bubble, 100 * dist::bubble_formula(c.pipeline_stages, c.micro_batches));
+    summary_extra["pipeline_bubble"] = bubble;
+    summary_extra["pipeline_bubble_formula"] =
+        dist::bubble_formula(c.pipeline_stages, c.micro_batches);
+  }
+  if (r.dp || r.pipe) r.say("%s", dist::memory_table(memory).c_str());
   if (r.dp) {
-    r.say("%s", dist::memory_table(memory).c_str());
     const dist::Traffic& t = meter.traffic();
     r.say(
         "train: sent per step by rank 0: allreduce %.1f MB, reduce-scatter %.1f MB, allgather "
@@ -206,6 +240,7 @@ TrainSummary run_training(const TrainConfig& config) {
                             {"skipped_samples", ps.skipped},
                             {"skipped_steps", s.skipped_steps},
                             {"loss_scale", scaler.scale()}};
+  summary.update(summary_extra);
   if (!c.baseline_json.empty() && r.lead) {
     summary["scaling_efficiency"] = scaling_efficiency(r, s.images_per_s);
   }
@@ -217,6 +252,7 @@ TrainSummary run_training(const TrainConfig& config) {
   // What the run leaves: the final checkpoint, the weights, the log.
   write_checkpoint(r, position_after(r, step, epoch, in_epoch));
   if (!c.save.empty() && r.dp) r.dp->gather_parameters();  // every rank: it is collective
+  if (!c.save.empty() && r.pipe) r.pipe->gather_model();
   if (!c.save.empty() && r.lead) {
     std::filesystem::create_directories(c.save);
     const std::string path = c.save + "/model.safetensors";

@@ -62,6 +62,15 @@ struct TrainConfig {
   bool accum_local_grads = false;
   uint64_t max_memory = 0;  // bytes per rank; 0: no cap
   bool sync_bn = false;
+  // Pipeline parallelism (dist::Pipeline): stages > 0 cuts the model; --batch is then each
+  // replica's mini-batch, split into micro_batches.
+  int pipeline_stages = 0;
+  int micro_batches = 1;
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b (--schedule is the learning rate's)
+  std::string pipeline_cuts;               // "3,7,12": the first piece of stages 1..S-1
+  std::string pipeline_balance = "flops";  // flops | time
+  bool deferred_batch_norm = false;
+  bool recompute = false;
   float clip_grad_norm = 0;      // 0: off
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when checkpoint-dir is set
   std::string checkpoint_dir, resume, baseline_json;
