@@ -341,7 +341,11 @@ void Engine::exchange_n(const Call& c, const SendOp* sends, size_t ns, const Rec
     } else if (waitable) {
       poll_links();
     } else {
-      ::usleep(waited < std::chrono::milliseconds(50) ? 20 : 200);
+      // Each sleep at most 2% of the time waited so far (20 us to 1 ms): a long wait (a
+      // pipeline stage's bubble, a straggler) then stops taking a core from the ranks that
+      // compute with its wake-ups.
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(waited).count();
+      ::usleep(static_cast<useconds_t>(std::clamp<int64_t>(us / 50, 20, 1000)));
     }
   }
   for (size_t i = 0; i < nts; ++i) ts[i].link->flush();
