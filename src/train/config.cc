@@ -257,15 +257,19 @@ const std::vector<ConfigKey>& train_config_keys() {
           4096),
       str("pipeline-schedule", "Pipeline schedule: gpipe or 1f1b", &C::pipeline_schedule,
           {"gpipe", "1f1b"}),
-      str("pipeline-cuts", "The first piece of pipeline stages 1.. (comma-separated; default: "
-          "balanced)", &C::pipeline_cuts),
+      str("pipeline-cuts",
+          "The first piece of pipeline stages 1.. (comma-separated; default: "
+          "balanced)",
+          &C::pipeline_cuts),
       str("pipeline-balance", "Balance the pipeline cut by flops or time (measured on rank 0)",
           &C::pipeline_balance, {"flops", "time"}),
       flag("deferred-batch-norm",
            "Pipeline: BatchNorm running statistics over the whole mini-batch, not per micro-batch",
            &C::deferred_batch_norm),
-      flag("recompute", "Pipeline: keep each micro-batch's stage input only; forward again in "
-           "backward", &C::recompute),
+      flag("recompute",
+           "Pipeline: keep each micro-batch's stage input only; forward again in "
+           "backward",
+           &C::recompute),
       num("clip-grad-norm", "Clip gradients to this global norm (0: off)", &C::clip_grad_norm, 0.0f,
           1e9f),
       num("checkpoint-every", "Write a checkpoint every N steps (0: at the end only)",

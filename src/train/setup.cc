@@ -57,8 +57,8 @@ void announce(const Run& r) {
       c.multilabel ? "findings" : "classes", c.data.c_str(), r.source->size(), r.job.world,
       static_cast<long long>(r.per_epoch), c.batch,
       static_cast<int>(r.global_batch / (int64_t{c.batch} * c.accum_steps)),
-      r.pipe ? "replicas" : "ranks", c.accum_steps,
-      static_cast<long long>(r.global_batch), tensor::threads(), c.workers);
+      r.pipe ? "replicas" : "ranks", c.accum_steps, static_cast<long long>(r.global_batch),
+      tensor::threads(), c.workers);
   if (r.pipe) {
     r.say("train: pipeline: %s%s%s\n", r.pipe->describe().c_str(),
           c.deferred_batch_norm ? "\ntrain: BatchNorm running statistics deferred to the whole "
@@ -152,8 +152,8 @@ Run set_up(const TrainConfig& c) {
   int data_world = r.job.world, data_rank = r.job.rank;
   if (piped) {
     COHORT_CHECK(r.job.world % c.pipeline_stages == 0,
-                 "--pipeline-stages " << c.pipeline_stages << " does not divide the "
-                                      << r.job.world << " ranks");
+                 "--pipeline-stages " << c.pipeline_stages << " does not divide the " << r.job.world
+                                      << " ranks");
     COHORT_CHECK(c.batch % c.micro_batches == 0, "--batch " << c.batch
                                                             << " is not a multiple of "
                                                                "--micro-batches "
@@ -190,8 +190,8 @@ Run set_up(const TrainConfig& c) {
   if (r.classes == 0) {
     r.classes = std::max({mx + 1, 2, static_cast<int>(r.class_names.size())});
   }
-  r.train = std::make_unique<data::Pipeline>(r.source,
-                                             pipeline_options(c, true, data_world, data_rank));
+  r.train =
+      std::make_unique<data::Pipeline>(r.source, pipeline_options(c, true, data_world, data_rank));
   if (!c.val.empty()) {
     r.val = std::make_unique<data::Pipeline>(data::open_source(c.val),
                                              pipeline_options(c, false, r.job.world, r.job.rank));

@@ -57,10 +57,11 @@ float pipeline_forward_backward(dist::Pipeline& p, const Tensor& x, const Target
                                 int micro_batches, float label_smoothing, float loss_scale) {
   const int64_t n = x.size(0) / micro_batches;
   auto loss = [&](const Var& logits, int i) {
-    if (t.multilabel.defined()) return nn::bce_with_logits(logits, t.multilabel.narrow0(i * n, (i + 1) * n));
-    return nn::cross_entropy(logits,
-                             std::vector<int>(t.classes.begin() + i * n, t.classes.begin() + (i + 1) * n),
-                             label_smoothing);
+    if (t.multilabel.defined())
+      return nn::bce_with_logits(logits, t.multilabel.narrow0(i * n, (i + 1) * n));
+    return nn::cross_entropy(
+        logits, std::vector<int>(t.classes.begin() + i * n, t.classes.begin() + (i + 1) * n),
+        label_smoothing);
   };
   return p.run(x, loss, loss_scale);
 }
