@@ -10,12 +10,18 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cohort/dist/pipeline.h"
 #include "cohort/nn/init.h"
 #include "cohort/nn/layers.h"
+#include "cohort/nn/safetensors.h"
 #include "testing/compare.h"
 #include "testing/ranks.h"
+#include "testing/scans.h"
+#include "testing/shell.h"
+#include "testing/temp_dir.h"
 
 namespace cohort::dist {
 namespace {
@@ -427,6 +433,61 @@ TEST(Pipeline, AKilledStageMakesTheOthersFailNamingIt) {
         << "rank " << r << " does not name the dead stage:\n"
         << x.output;
   }
+}
+
+// The CLI end to end: `cohort train` on 2 stages ends with the weights of an unpipelined run
+// that accumulates the same micro-batches; the run reports the cut, every stage and the bubble;
+// what is not built yet is refused by name; `cohort bench train` writes the per-stage JSON.
+TEST(Pipeline, CohortTrainEqualsAccumulatedTrainingAndReports) {
+  testing::TempDir dir;
+  const std::string bin = testing::cohort_bin();
+  const std::string scans = testing::make_scan_set(dir.file("scans"), 32, 32);
+  const std::string common = " train --model smallcnn --data " + scans +
+                             " --epochs 1 --image-size 32 --lr 0.05 --threads 1 --seed 5 ";
+  auto piped = testing::sh(bin + " launch --nproc-per-node 2 -- " + bin + common +
+                           "--batch 8 --pipeline-stages 2 --micro-batches 4 --deferred-batch-norm "
+                           "--pipeline-schedule gpipe --save " +
+                           dir.file("piped") + " --json " + dir.file("piped.json"));
+  ASSERT_EQ(piped.code, 0) << piped.out;
+  for (const char* want : {"pipeline: 2 stages x 1 replicas, 4 micro-batches, gpipe",
+                           "stage 1: ", "train: rank 1 (stage 1): compute",
+                           "pipeline bubble", "% by the formula (S-1)/(M+S-1)"}) {
+    EXPECT_NE(piped.out.find(want), std::string::npos) << want << " missing:\n" << piped.out;
+  }
+  auto alone = testing::sh(bin + common + "--batch 2 --accum-steps 4 --save " + dir.file("alone"));
+  ASSERT_EQ(alone.code, 0) << alone.out;
+  auto a = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 32, 0});
+  auto b = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 32, 0});
+  nn::load_weights(*a, dir.file("piped") + "/model.safetensors");
+  nn::load_weights(*b, dir.file("alone") + "/model.safetensors");
+  for (nn::Param* p : a->params()) {
+    EXPECT_LT(testing::max_rel_diff(p->value, b->find_param(p->name)->value), 2e-4) << p->name;
+  }
+  nlohmann::json log = nlohmann::json::parse(std::ifstream(dir.file("piped.json")));
+  EXPECT_GT(log["summary"]["pipeline_bubble"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(log["summary"]["pipeline_bubble_formula"].get<double>(), 0.2);
+
+  auto sharded = testing::sh(bin + " launch --nproc-per-node 2 -- " + bin + common +
+                             "--batch 8 --pipeline-stages 2 --micro-batches 4 --shard zero1");
+  EXPECT_NE(sharded.code, 0);
+  EXPECT_NE(sharded.out.find("--pipeline-stages with --shard zero1"), std::string::npos)
+      << sharded.out;
+  auto odd = testing::sh(bin + " launch --nproc-per-node 3 -- " + bin + common +
+                         "--batch 8 --pipeline-stages 2 --micro-batches 4");
+  EXPECT_NE(odd.code, 0);
+  EXPECT_NE(odd.out.find("--pipeline-stages 2 does not divide the 3 ranks"), std::string::npos)
+      << odd.out;
+
+  auto bench = testing::sh(bin + " launch --nproc-per-node 2 -- " + bin +
+                           " bench train --model smallcnn --batch 8 --image-size 32 --steps 2 "
+                           "--warmup 1 --pipeline-stages 2 --micro-batches 4 --json " +
+                           dir.file("bench.json"));
+  ASSERT_EQ(bench.code, 0) << bench.out;
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir.file("bench.json")));
+  ASSERT_EQ(j["pipeline"]["per_rank"].size(), 2u);
+  EXPECT_EQ(j["pipeline"]["per_rank"][1]["peak_in_flight"], 1);
+  EXPECT_EQ(j["pipeline"]["per_rank"][0]["peak_in_flight"], 2);
+  EXPECT_GT(j["pipeline"]["per_rank"][1]["ms_compute"].get<double>(), 0.0);
 }
 
 }  // namespace
