@@ -310,10 +310,12 @@ RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer&
 std::string describe_checkpoint(const std::string& dir) {
   const nlohmann::json index = read_index(dir);
   std::ostringstream os;
+  const std::string mode = index["mode"].get<std::string>();  // a --shard mode or pipeline-SxD
   os << dir << ": " << index["model"].get<std::string>() << " (" << index["in_channels"]
      << " input channels, " << index["num_classes"] << " classes), step " << index["step"]
      << " (epoch " << index["epoch"] << ", sample " << index["position"] << "), written by "
-     << index["world"] << " rank(s) under --shard " << index["mode"].get<std::string>()
+     << index["world"] << " rank(s) under "
+     << (mode.rfind("pipeline", 0) == 0 ? mode : "--shard " + mode)
      << ", optimizer state:";
   for (const auto& s : index["optim_state"]) os << " " << s.get<std::string>();
   os << "\n";

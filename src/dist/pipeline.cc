@@ -21,6 +21,16 @@ using nn::Tensor;
 using nn::Var;
 using tensor::Shape;
 
+namespace {
+
+// Stage s's pieces: [a, b).
+std::pair<int, int> stage_pieces(const std::vector<int>& cuts, int stages, int s, int n) {
+  return {s == 0 ? 0 : cuts[static_cast<size_t>(s) - 1],
+          s == stages - 1 ? n : cuts[static_cast<size_t>(s)]};
+}
+
+}  // namespace
+
 const char* schedule_name(Schedule s) {
   return s == Schedule::gpipe ? "gpipe" : "1f1b";
 }
@@ -380,9 +390,7 @@ std::string Pipeline::describe() const {
      << std::lround(100 * bubble_formula(o_.stages, o_.micro_batches)) << "%), cut by "
      << (o_.cuts.empty() ? o_.balance : std::string("hand")) << ":";
   for (int s = 0; s < o_.stages; ++s) {
-    const int a = s == 0 ? 0 : cuts_[static_cast<size_t>(s) - 1];
-    const int b =
-        s == o_.stages - 1 ? static_cast<int>(pieces.size()) : cuts_[static_cast<size_t>(s)];
+    const auto [a, b] = stage_pieces(cuts_, o_.stages, s, static_cast<int>(pieces.size()));
     double c = 0;
     int64_t params = 0;
     for (int i = a; i < b; ++i) {
@@ -547,19 +555,22 @@ void Pipeline::gather_model() {
   const auto& params = m_.params();
   float* values = m_.flat_values().data<float>();
   for (int s = 0; s < o_.stages; ++s) {
-    const int a = s == 0 ? 0 : cuts_[static_cast<size_t>(s) - 1];
-    const int b =
-        s == o_.stages - 1 ? static_cast<int>(pieces.size()) : cuts_[static_cast<size_t>(s)];
+    const auto [a, b] = stage_pieces(cuts_, o_.stages, s, static_cast<int>(pieces.size()));
     const int pfirst = pieces[static_cast<size_t>(a)].first;
     const int plast = pieces[static_cast<size_t>(b) - 1].last;
-    if (pfirst < plast) {
-      const size_t lo = params[static_cast<size_t>(pfirst)]->offset;
-      const size_t hi =
-          params[static_cast<size_t>(plast) - 1]->offset +
-          nn::flat_slot(static_cast<size_t>(params[static_cast<size_t>(plast) - 1]->value.numel()));
-      pipe_->broadcast(values + lo, values + lo, hi - lo, comm::DataType::f32, s).wait();
-    }
-    // The BatchNorm statistics under the stage's pieces.
+    if (pfirst >= plast) continue;
+    const nn::Param* end = params[static_cast<size_t>(plast) - 1];
+    const size_t lo = params[static_cast<size_t>(pfirst)]->offset;
+    const size_t hi = end->offset + nn::flat_slot(static_cast<size_t>(end->value.numel()));
+    pipe_->broadcast(values + lo, values + lo, hi - lo, comm::DataType::f32, s).wait();
+  }
+  gather_buffers();
+}
+
+void Pipeline::gather_buffers() {
+  const auto& pieces = m_.pieces();
+  for (int s = 0; s < o_.stages; ++s) {
+    const auto [a, b] = stage_pieces(cuts_, o_.stages, s, static_cast<int>(pieces.size()));
     for (nn::Buffer* buf : m_.buffers()) {
       bool mine = false;
       for (int i = a; i < b && !mine; ++i)

@@ -17,8 +17,17 @@ dist::RunPosition position_after(const Run& r, int64_t step, int64_t epoch, int6
 void write_checkpoint(const Run& r, const dist::RunPosition& at) {
   if (r.c.checkpoint_dir.empty()) return;
   auto t0 = Clock::now();
-  dist::save_checkpoint(r.c.checkpoint_dir, *r.model, *r.opt, r.target, at, r.world.get(),
-                        !r.dp || r.dp->replicated());
+  if (r.pipe) {
+    // Every stage of replica 0 writes its parameters and their state; rank 0 every stage's
+    // BatchNorm statistics (gathered first). The other replicas hold copies: they write nothing.
+    r.pipe->gather_buffers();
+    const nn::OptimTarget none;
+    dist::save_checkpoint(r.c.checkpoint_dir, *r.model, *r.opt,
+                          r.pipe->replica() == 0 ? r.target : none, at, r.world.get(), false);
+  } else {
+    dist::save_checkpoint(r.c.checkpoint_dir, *r.model, *r.opt, r.target, at, r.world.get(),
+                          !r.dp || r.dp->replicated());
+  }
   r.say("train: checkpoint at step %lld written to %s (%.2f s)\n", static_cast<long long>(at.step),
         dist::checkpoint_index(r.c.checkpoint_dir).c_str(), seconds_since(t0));
 }

@@ -164,9 +164,6 @@ Run set_up(const TrainConfig& c) {
                                                    << ": a stage's replicas run DDP; sharding "
                                                       "and SyncBatchNorm inside a stage are not "
                                                       "built yet");
-    COHORT_CHECK(c.checkpoint_dir.empty() && c.resume.empty(),
-                 "--pipeline-stages with --checkpoint-dir or --resume: per-stage checkpoints "
-                 "are not built yet");
     data_world = r.job.world / c.pipeline_stages;
     data_rank = r.job.rank / c.pipeline_stages;
   }
@@ -298,7 +295,9 @@ Run set_up(const TrainConfig& c) {
           static_cast<unsigned long long>(r.pos.position));
   }
   r.pos.world = r.job.world;  // this run's checkpoints record this run's world and mode
-  r.pos.mode = dist::shard_name(c.shard);
+  r.pos.mode = piped ? "pipeline-" + std::to_string(c.pipeline_stages) + "x" +
+                          std::to_string(data_world)
+                    : dist::shard_name(c.shard);
   announce(r);
   return r;
 }

@@ -467,6 +467,37 @@ TEST(Pipeline, CohortTrainEqualsAccumulatedTrainingAndReports) {
   EXPECT_GT(log["summary"]["pipeline_bubble"].get<double>(), 0.0);
   EXPECT_DOUBLE_EQ(log["summary"]["pipeline_bubble_formula"].get<double>(), 0.2);
 
+  // Per-stage checkpoints: stopped after 2 of 4 steps and resumed on the same layout, the run
+  // ends with the uninterrupted run's weights; resumed by one rank accumulating the same
+  // micro-batches (the checkpoint reshards), too; consolidated into one weights file.
+  const std::string piped_args = "--batch 8 --pipeline-stages 2 --micro-batches 4 "
+                                 "--deferred-batch-norm --pipeline-schedule gpipe ";
+  auto first = testing::sh(bin + " launch --nproc-per-node 2 -- " + bin + common + piped_args +
+                           "--max-steps 2 --checkpoint-dir " + dir.file("ck"));
+  ASSERT_EQ(first.code, 0) << first.out;
+  auto inspect = testing::sh(bin + " checkpoint inspect " + dir.file("ck"));
+  EXPECT_NE(inspect.out.find("under pipeline-2x1"), std::string::npos) << inspect.out;
+  auto resumed = testing::sh(bin + " launch --nproc-per-node 2 -- " + bin + common + piped_args +
+                             "--resume " + dir.file("ck") + " --save " + dir.file("resumed"));
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+  auto alone_resumed = testing::sh(bin + common + "--batch 2 --accum-steps 4 --resume " +
+                                   dir.file("ck") + " --save " + dir.file("alone-resumed"));
+  ASSERT_EQ(alone_resumed.code, 0) << alone_resumed.out;
+  auto consolidated = testing::sh(bin + " checkpoint consolidate " + dir.file("ck") + " " +
+                                  dir.file("ck.safetensors"));
+  ASSERT_EQ(consolidated.code, 0) << consolidated.out;
+  for (const char* run : {"resumed", "alone-resumed"}) {
+    auto c = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 32, 0});
+    nn::load_weights(*c, dir.file(run) + "/model.safetensors");
+    for (nn::Param* p : a->params()) {
+      EXPECT_LT(testing::max_rel_diff(c->find_param(p->name)->value, p->value), 2e-4)
+          << run << ": " << p->name;
+    }
+  }
+  auto halfway = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 32, 0});
+  nn::load_weights(*halfway, dir.file("ck.safetensors"));
+
   auto sharded = testing::sh(bin + " launch --nproc-per-node 2 -- " + bin + common +
                              "--batch 8 --pipeline-stages 2 --micro-batches 4 --shard zero1");
   EXPECT_NE(sharded.code, 0);

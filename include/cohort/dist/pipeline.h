@@ -119,6 +119,9 @@ class Pipeline {
   // Every stage's parameters and BatchNorm buffers into the model on every rank of world (to
   // save weights, to evaluate, to compare).
   void gather_model();
+  // Every stage's BatchNorm buffers into the model on every rank of world (before rank 0
+  // writes them into a checkpoint).
+  void gather_buffers();
 
   // This stage's memory: its parameters, gradients and optimiser state, the peak of activations
   // a step held, the receive buffers.
