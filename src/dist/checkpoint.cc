@@ -315,8 +315,7 @@ std::string describe_checkpoint(const std::string& dir) {
      << " input channels, " << index["num_classes"] << " classes), step " << index["step"]
      << " (epoch " << index["epoch"] << ", sample " << index["position"] << "), written by "
      << index["world"] << " rank(s) under "
-     << (mode.rfind("pipeline", 0) == 0 ? mode : "--shard " + mode)
-     << ", optimizer state:";
+     << (mode.rfind("pipeline", 0) == 0 ? mode : "--shard " + mode) << ", optimizer state:";
   for (const auto& s : index["optim_state"]) os << " " << s.get<std::string>();
   os << "\n";
   // name -> elements, pieces, and the bytes per file

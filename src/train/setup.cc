@@ -295,9 +295,9 @@ Run set_up(const TrainConfig& c) {
           static_cast<unsigned long long>(r.pos.position));
   }
   r.pos.world = r.job.world;  // this run's checkpoints record this run's world and mode
-  r.pos.mode = piped ? "pipeline-" + std::to_string(c.pipeline_stages) + "x" +
-                          std::to_string(data_world)
-                    : dist::shard_name(c.shard);
+  r.pos.mode =
+      piped ? "pipeline-" + std::to_string(c.pipeline_stages) + "x" + std::to_string(data_world)
+            : dist::shard_name(c.shard);
   announce(r);
   return r;
 }
