@@ -212,8 +212,11 @@ Run set_up(const TrainConfig& c) {
   d.reshard_after_forward = c.reshard_after_forward;
   d.max_prefetch = c.max_prefetch;
   d.accumulate_locally = c.accum_local_grads;
-  dist::check_fits(*r.model, r.job.world, r.job.local_world, c.shard,
-                   state_bytes(c.optimizer, c.momentum), d, c.max_memory);
+  // (A pipeline stage holds a part of the model state: its cap is checked after each step.)
+  if (!piped) {
+    dist::check_fits(*r.model, r.job.world, r.job.local_world, c.shard,
+                     state_bytes(c.optimizer, c.momentum), d, c.max_memory);
+  }
 
   r.per_epoch = static_cast<int64_t>(r.train->batches_per_epoch()) / c.accum_steps;
   COHORT_CHECK(r.per_epoch > 0, c.data << ": " << r.train->batches_per_epoch()
