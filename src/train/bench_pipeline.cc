@@ -89,17 +89,9 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
   BenchTrainResult r;
   r.lead = lead;
   r.world = job.world;
-  double sum = 0;
-  for (double v : ms) sum += v;
-  r.ms_per_step = sum / o.steps;
-  r.ms_min = *std::min_element(ms.begin(), ms.end());
-  std::vector<double> per_rank(static_cast<size_t>(job.world), r.ms_per_step);
-  world->allgather(&r.ms_per_step, per_rank.data(), 1, comm::DataType::f64).wait();
-  const double slowest = *std::max_element(per_rank.begin(), per_rank.end());
-  r.images_per_s = 1e3 * o.batch * pipe.replicas() / slowest;
+  const std::vector<double> per_rank =
+      time_steps(r, ms, world.get(), static_cast<double>(o.batch) * pipe.replicas());
   r.ms_optimizer = 1e3 * optimizer_s / o.steps;
-  r.peak_rss = peak_rss_bytes();
-  r.threads = tensor::threads();
   r.memory = memory.front();
   if (!lead) return r;
 
@@ -134,38 +126,21 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
       r.peak_rss / 1e6);
   std::printf("%s", dist::memory_table(memory).c_str());
   if (!o.json.empty()) {
-    nlohmann::json j = {{"model", o.model},
-                        {"batch", o.batch},
-                        {"image_size", o.image_size},
-                        {"in_channels", o.in_channels},
-                        {"threads", r.threads},
-                        {"world", r.world},
-                        {"precision", precision_name(o.precision)},
-                        {"steps", o.steps},
-                        {"warmup", o.warmup},
-                        {"pipeline",
-                         {{"stages", pipe.stages()},
-                          {"replicas", pipe.replicas()},
-                          {"micro_batches", po.micro_batches},
-                          {"schedule", dist::schedule_name(po.schedule)},
-                          {"cuts", pipe.cuts()},
-                          {"deferred_batch_norm", po.deferred_batch_norm},
-                          {"recompute", po.recompute},
-                          {"bubble_measured", bubble},
-                          {"bubble_formula", formula},
-                          {"per_rank", per}}},
-                        {"ms_per_step", r.ms_per_step},
-                        {"ms_per_step_per_rank", per_rank},
-                        {"ms_min", r.ms_min},
-                        {"ms_each", ms},
-                        {"images_per_s", r.images_per_s},
-                        {"ms_optimizer", r.ms_optimizer},
-                        {"peak_rss_bytes", r.peak_rss},
-                        {"parameters", model->num_parameters()},
-                        {"memory", memory_json(memory)}};
-    std::ofstream f(o.json);
-    if (!f) COHORT_THROW("cannot write --json file '" << o.json << "'");
-    f << j.dump(2) << "\n";
+    nlohmann::json j = bench_json(o, r, ms, per_rank);
+    j.update({{"pipeline",
+               {{"stages", pipe.stages()},
+                {"replicas", pipe.replicas()},
+                {"micro_batches", po.micro_batches},
+                {"schedule", dist::schedule_name(po.schedule)},
+                {"cuts", pipe.cuts()},
+                {"deferred_batch_norm", po.deferred_batch_norm},
+                {"recompute", po.recompute},
+                {"bubble_measured", bubble},
+                {"bubble_formula", formula},
+                {"per_rank", per}}},
+              {"parameters", model->num_parameters()},
+              {"memory", memory_json(memory)}});
+    write_bench_json(o.json, j);
   }
   return r;
 }

@@ -15,6 +15,46 @@
 
 namespace cohort::train {
 
+std::vector<double> time_steps(BenchTrainResult& r, const std::vector<double>& ms,
+                               comm::Communicator* world, double samples) {
+  double sum = 0;
+  for (double v : ms) sum += v;
+  r.ms_per_step = sum / static_cast<double>(ms.size());
+  r.ms_min = *std::min_element(ms.begin(), ms.end());
+  std::vector<double> per_rank(world ? static_cast<size_t>(world->size()) : 1, r.ms_per_step);
+  if (world) world->allgather(&r.ms_per_step, per_rank.data(), 1, comm::DataType::f64).wait();
+  r.images_per_s = 1e3 * samples / *std::max_element(per_rank.begin(), per_rank.end());
+  r.peak_rss = peak_rss_bytes();
+  r.threads = tensor::threads();
+  return per_rank;
+}
+
+nlohmann::json bench_json(const BenchTrainOptions& o, const BenchTrainResult& r,
+                          const std::vector<double>& ms, const std::vector<double>& per_rank) {
+  return {{"model", o.model},
+          {"batch", o.batch},
+          {"image_size", o.image_size},
+          {"in_channels", o.in_channels},
+          {"threads", r.threads},
+          {"world", r.world},
+          {"precision", precision_name(o.precision)},
+          {"steps", o.steps},
+          {"warmup", o.warmup},
+          {"ms_per_step", r.ms_per_step},
+          {"ms_per_step_per_rank", per_rank},
+          {"ms_min", r.ms_min},
+          {"ms_each", ms},
+          {"images_per_s", r.images_per_s},
+          {"ms_optimizer", r.ms_optimizer},
+          {"peak_rss_bytes", r.peak_rss}};
+}
+
+void write_bench_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream f(path);
+  if (!f) COHORT_THROW("cannot write --json file '" << path << "'");
+  f << j.dump(2) << "\n";
+}
+
 BenchTrainResult bench_train(const BenchTrainOptions& o) {
   if (o.pipeline.stages > 0) return bench_pipeline(o);
   COHORT_CHECK(o.steps > 0 && o.warmup >= 0 && o.batch > 0,
@@ -83,22 +123,12 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
     r.timed_steps = nn::timeline::steps();
   }
   r.world = job.world;
-  double sum = 0;
-  for (double v : ms) sum += v;
-  r.ms_per_step = sum / o.steps;
-  r.ms_min = *std::min_element(ms.begin(), ms.end());
-  std::vector<double> per_rank(static_cast<size_t>(job.world), r.ms_per_step);
-  if (world) {
-    world->allgather(&r.ms_per_step, per_rank.data(), 1, comm::DataType::f64).wait();
-  }
-  const double slowest = *std::max_element(per_rank.begin(), per_rank.end());
-  r.images_per_s = 1e3 * o.batch * job.world / slowest;
+  const std::vector<double> per_rank =
+      time_steps(r, ms, world.get(), static_cast<double>(o.batch) * job.world);
   r.ms_forward = 1e3 * times.forward / o.steps;
   r.ms_backward = 1e3 * times.backward / o.steps;
   r.ms_optimizer = 1e3 * times.optimizer / o.steps;
   r.ms_comm_wait = 1e3 * times.comm_wait / o.steps;
-  r.peak_rss = peak_rss_bytes();
-  r.threads = tensor::threads();
   const std::vector<dist::MemoryReport> memory = gather_memory(*model, dp.get(), *opt, world.get());
   const dist::Traffic sent = dp ? dp->traffic() : dist::Traffic();
   r.memory = memory.front();
@@ -133,39 +163,22 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
     }
   }
   if (!o.json.empty()) {
-    nlohmann::json j = {{"model", o.model},
-                        {"batch", o.batch},
-                        {"image_size", o.image_size},
-                        {"in_channels", o.in_channels},
-                        {"threads", r.threads},
-                        {"world", r.world},
-                        {"precision", precision_name(o.precision)},
-                        {"no_sync", o.no_sync},
-                        {"steps", o.steps},
-                        {"warmup", o.warmup},
-                        {"ms_per_step", r.ms_per_step},
-                        {"ms_per_step_per_rank", per_rank},
-                        {"ms_min", r.ms_min},
-                        {"ms_each", ms},
-                        {"images_per_s", r.images_per_s},
-                        {"ms_forward", r.ms_forward},
-                        {"ms_backward", r.ms_backward},
-                        {"ms_comm_wait", r.ms_comm_wait},
-                        {"ms_optimizer", r.ms_optimizer},
-                        {"peak_rss_bytes", r.peak_rss},
-                        {"peak_tensor_bytes", mem.peak_in_use},
-                        {"shard", dist::shard_name(o.ddp.shard)},
-                        {"parameters", model->num_parameters()},
-                        {"memory", memory_json(memory)},
-                        {"sent_bytes",
-                         {{"allreduce", sent.allreduce},
-                          {"reduce_scatter", sent.reduce_scatter},
-                          {"allgather", sent.allgather},
-                          {"across_hosts", sent.across_hosts}}},
-                        {"split", split}};
-    std::ofstream f(o.json);
-    if (!f) COHORT_THROW("cannot write --json file '" << o.json << "'");
-    f << j.dump(2) << "\n";
+    nlohmann::json j = bench_json(o, r, ms, per_rank);
+    j.update({{"no_sync", o.no_sync},
+              {"ms_forward", r.ms_forward},
+              {"ms_backward", r.ms_backward},
+              {"ms_comm_wait", r.ms_comm_wait},
+              {"peak_tensor_bytes", mem.peak_in_use},
+              {"shard", dist::shard_name(o.ddp.shard)},
+              {"parameters", model->num_parameters()},
+              {"memory", memory_json(memory)},
+              {"sent_bytes",
+               {{"allreduce", sent.allreduce},
+                {"reduce_scatter", sent.reduce_scatter},
+                {"allgather", sent.allgather},
+                {"across_hosts", sent.across_hosts}}},
+              {"split", split}});
+    write_bench_json(o.json, j);
   }
   return r;
 }

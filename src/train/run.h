@@ -60,6 +60,15 @@ Run set_up(const TrainConfig& c);
 
 // cohort bench train with --pipeline-stages.
 BenchTrainResult bench_pipeline(const BenchTrainOptions& o);
+// Shared by both: fills r's step times from ms (this rank's steps) and returns every rank's
+// mean (collective over world, when there is one); the slowest sets r.images_per_s, for
+// `samples` samples per step over all ranks.
+std::vector<double> time_steps(BenchTrainResult& r, const std::vector<double>& ms,
+                               comm::Communicator* world, double samples);
+// The fields every bench train JSON holds; and writing it to --json.
+nlohmann::json bench_json(const BenchTrainOptions& o, const BenchTrainResult& r,
+                          const std::vector<double>& ms, const std::vector<double>& per_rank);
+void write_bench_json(const std::string& path, const nlohmann::json& j);
 
 // Shared by cohort train and cohort bench train.
 void default_threads(int asked, const comm::JobEnv& job);
