@@ -298,20 +298,47 @@ Pipeline::Pipeline(nn::Model& m, std::shared_ptr<comm::Communicator> world,
   tensor::drop_pages(values, begin_ * sizeof(float));
   tensor::drop_pages(values + end_, (total - end_) * sizeof(float));
   tensor::drop_pages(grads, total * sizeof(float));
-  target_.ranges.push_back({values + begin_, grads + begin_, end_ - begin_});
+  // What the optimiser updates: the stage's range, or (sharded) this replica's chunk of it,
+  // and the parameters' pieces that lie there.
+  const size_t length = end_ - begin_;
+  const bool sharded = o_.shard_optimizer && replicas_ > 1;
+  size_t lo = 0, hi = length;
+  if (sharded) {
+    chunk_ = ((length + static_cast<size_t>(replicas_) - 1) / static_cast<size_t>(replicas_) + 15) &
+             ~size_t{15};
+    lo_ = lo = std::min(length, static_cast<size_t>(replica_) * chunk_);
+    hi = std::min(length, lo + chunk_);
+    shard_grad_ = Tensor::zeros({static_cast<int64_t>(chunk_)});
+    if (begin_ + static_cast<size_t>(replicas_) * chunk_ > total) {
+      staging_ = Tensor::zeros({static_cast<int64_t>(replicas_ * chunk_)});
+    }
+    target_.ranges.push_back({values + begin_ + lo, shard_grad_.data<float>(), hi - lo});
+  } else {
+    target_.ranges.push_back({values + begin_, grads + begin_, length});
+  }
   for (int i = pfirst; i < plast; ++i) {
     const nn::Param* p = params[static_cast<size_t>(i)];
-    target_.pieces.push_back(
-        {p->index, 0, static_cast<size_t>(p->value.numel()), 0, p->offset - begin_, p->decay});
+    const size_t a = p->offset - begin_, b = a + static_cast<size_t>(p->value.numel());
+    if (std::max(a, lo) < std::min(b, hi)) {
+      target_.pieces.push_back(
+          {p->index, std::max(a, lo) - a, std::min(b, hi) - a, 0, std::max(a, lo) - lo, p->decay});
+    }
   }
   target_.num_params = static_cast<int>(params.size());
 
   // The communicators: this replica's stages, this stage's replicas, and the channels.
   pipe_ = world_->split(replica_, stage_);
   replicas_comm_ = world_->split(stage_, replica_);
-  target_.sum_across = [this](double* v, size_t k) {
-    pipe_->allreduce(v, v, k, comm::DataType::f64, comm::RedOp::sum).wait();
+  // Clipping's and LARS's sums: over the stages, and (sharded) over the replicas' chunks.
+  comm::Communicator* across = sharded ? world_.get() : pipe_.get();
+  target_.sum_across = [across](double* v, size_t k) {
+    across->allreduce(v, v, k, comm::DataType::f64, comm::RedOp::sum).wait();
   };
+  if (o_.sync_batch_norm) {
+    COHORT_CHECK(!o_.deferred_batch_norm,
+                 "pipeline: SyncBatchNorm and deferred BatchNorm statistics are exclusive");
+    sync_batch_norm(m_, replicas_comm_);
+  }
   // Pairs (s, s+1) with s even, then with s odd; activations, then gradients. A rank outside
   // any pair of a split (the ends) takes no communicator (colour -1).
   std::shared_ptr<comm::Communicator> pairs[2][2];  // [activations|gradients][even|odd]
@@ -397,10 +424,14 @@ std::string Pipeline::describe() const {
   double total = 0;
   for (double c : costs_) total += c;
   std::ostringstream os;
-  os << o_.stages << " stages x " << replicas_ << " replicas, " << o_.micro_batches
-     << " micro-batches, " << schedule_name(o_.schedule) << " (bubble by the formula "
-     << std::lround(100 * bubble_formula(o_.stages, o_.micro_batches)) << "%), cut by "
-     << (o_.cuts.empty() ? o_.balance : std::string("hand")) << ":";
+  os << o_.stages << " stages x " << replicas_ << " replicas";
+  if (replicas_ > 1) {
+    os << " (" << (chunk_ > 0 ? "ZeRO-1" : "allreduce") << " over a stage's replicas"
+       << (o_.sync_batch_norm ? ", SyncBatchNorm" : "") << ")";
+  }
+  os << ", " << o_.micro_batches << " micro-batches, " << schedule_name(o_.schedule)
+     << " (bubble by the formula " << std::lround(100 * bubble_formula(o_.stages, o_.micro_batches))
+     << "%), cut by " << (o_.cuts.empty() ? o_.balance : std::string("hand")) << ":";
   for (int s = 0; s < o_.stages; ++s) {
     const auto [a, b] = stage_pieces(cuts_, o_.stages, s, static_cast<int>(pieces.size()));
     double c = 0;
@@ -495,6 +526,20 @@ void Pipeline::run_backward(int i, const LossFn& loss, float seed) {
   mb.loss.reset();
 }
 
+void Pipeline::after_step() {
+  if (chunk_ == 0) return;
+  // Every replica's updated chunk to every replica. In place, the last chunk's padding lands
+  // past the stage's range, on the next stage's part of the flat buffer: this rank never reads
+  // it (gather_model overwrites it).
+  float* v = m_.flat_values().data<float>();
+  float* recv = staging_.defined() ? staging_.data<float>() : v + begin_;
+  if (staging_.defined())
+    std::copy(v + begin_ + lo_, v + begin_ + lo_ + std::min(chunk_, end_ - begin_ - lo_),
+              staging_.data<float>() + lo_);
+  replicas_comm_->allgather(recv + lo_, recv, chunk_, comm::DataType::f32).wait();
+  if (staging_.defined()) std::copy(recv, recv + (end_ - begin_), v + begin_);
+}
+
 void Pipeline::zero_grad() {
   float* g = m_.flat_grads().data<float>();
   std::fill(g + begin_, g + end_, 0.0f);
@@ -544,10 +589,21 @@ float Pipeline::run(const Tensor& x, const LossFn& loss, float loss_scale) {
 
 double Pipeline::finish() {
   if (o_.deferred_batch_norm) nn::commit_batch_norm_statistics(m_.root());
-  // The replicas' average of this stage's gradients, in pieces of 25 MB.
+  // The replicas' average of this stage's gradients, in pieces of 25 MB; sharded, each
+  // replica's chunk of their sum.
   float* g = m_.flat_grads().data<float>();
   auto t_red = Clock::now();
-  if (replicas_ > 1) {
+  if (chunk_ > 0) {
+    const float* send = g + begin_;
+    if (staging_.defined()) {
+      std::copy(g + begin_, g + end_, staging_.data<float>());
+      send = staging_.data<float>();
+    }
+    replicas_comm_
+        ->reduce_scatter(send, shard_grad_.data<float>(), chunk_, comm::DataType::f32,
+                         comm::RedOp::sum)
+        .wait();
+  } else if (replicas_ > 1) {
     const size_t chunk = 25u << 18;  // elements
     std::vector<comm::Work> works;
     for (size_t a = begin_; a < end_; a += chunk) {
@@ -601,12 +657,17 @@ void Pipeline::gather_buffers() {
 
 MemoryReport Pipeline::memory(const nn::Optimizer& opt) const {
   MemoryReport r;
-  r.mode = Shard::none;
-  r.ranks = 1;
-  for (const nn::ParamPiece& p : target_.pieces) r.psi += static_cast<int64_t>(p.hi - p.lo);
+  r.mode = chunk_ > 0 ? Shard::zero1 : Shard::none;
+  r.ranks = chunk_ > 0 ? replicas_ : 1;
+  const auto& pieces = m_.pieces();
+  for (int p = pieces[static_cast<size_t>(first_piece_)].first;
+       p < pieces[static_cast<size_t>(last_piece_) - 1].last; ++p)
+    r.psi += m_.params()[static_cast<size_t>(p)]->value.numel();
   r.parameters = r.gradients = (end_ - begin_) * sizeof(float);
   add_optimizer_state(r, opt);
   r.activations = stats_.peak_step;
+  for (const Tensor* t : {&shard_grad_, &staging_})
+    if (t->defined()) r.comm_buffers += t->bytes();
   for (const Channel* c : {act_in_.get(), grad_in_.get()})
     if (c) r.comm_buffers += (c->free.size() + c->posted.size()) * c->count() * sizeof(float);
   return r;

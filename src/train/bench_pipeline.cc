@@ -24,10 +24,11 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
   COHORT_CHECK(
       o.batch % po.micro_batches == 0,
       "--batch " << o.batch << " is not a multiple of --micro-batches " << po.micro_batches);
-  COHORT_CHECK(o.ddp.shard == dist::Shard::none,
-               "--shard " << dist::shard_name(o.ddp.shard)
-                          << " with --pipeline-stages: the stages' replicas run DDP; sharding "
-                             "inside a stage is not built yet");
+  COHORT_CHECK(o.ddp.shard == dist::Shard::none || o.ddp.shard == dist::Shard::zero1,
+               "--pipeline-stages with --shard "
+                   << dist::shard_name(o.ddp.shard)
+                   << ": a stage's replicas run DDP (--shard none) or ZeRO-1 (--shard zero1); "
+                      "sharding their gradients or parameters is not built yet");
   comm::JobEnv job = comm::detect_job_env();
   default_threads(o.threads, job);
   std::shared_ptr<comm::Communicator> world = comm::init();
@@ -36,7 +37,9 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
   auto model =
       nn::make_model(o.model, nn::ModelOptions{o.in_channels, o.num_classes, o.image_size, 0});
   const int micro = o.batch / po.micro_batches;
-  dist::Pipeline pipe(*model, world, po, {micro, o.in_channels, o.image_size, o.image_size});
+  dist::PipelineOptions piped = po;
+  piped.shard_optimizer = o.ddp.shard == dist::Shard::zero1;
+  dist::Pipeline pipe(*model, world, piped, {micro, o.in_channels, o.image_size, o.image_size});
   nn::OptimOptions oo;
   oo.kind = o.optimizer;
   auto opt = nn::make_optimizer(pipe.optim_target(), oo);
@@ -65,6 +68,7 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
     pipe.run(x, loss);
     pipe.finish();
     opt->step(0.01f);
+    pipe.after_step();
   }
   world->barrier().wait();
   pipe.reset_stats();
@@ -77,6 +81,7 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
     pipe.finish();
     auto t1 = Clock::now();
     opt->step(0.01f);
+    pipe.after_step();
     optimizer_s += seconds_since(t1);
     ms.push_back(1e3 * seconds_since(t0));
     if (o.max_memory > 0) {

@@ -18,12 +18,14 @@ void write_checkpoint(const Run& r, const dist::RunPosition& at) {
   if (r.c.checkpoint_dir.empty()) return;
   auto t0 = Clock::now();
   if (r.pipe) {
-    // Every stage of replica 0 writes its parameters and their state; rank 0 every stage's
-    // BatchNorm statistics (gathered first). The other replicas hold copies: they write nothing.
+    // Every stage of replica 0 writes its parameters and their state (with ZeRO-1 over the
+    // replicas, every rank its chunk); rank 0 every stage's BatchNorm statistics (gathered
+    // first). Replicas that hold copies write nothing.
     r.pipe->gather_buffers();
     const nn::OptimTarget none;
-    dist::save_checkpoint(r.c.checkpoint_dir, *r.model, *r.opt,
-                          r.pipe->replica() == 0 ? r.target : none, at, r.world.get(), false);
+    const bool writes = r.pipe->replica() == 0 || r.c.shard == dist::Shard::zero1;
+    dist::save_checkpoint(r.c.checkpoint_dir, *r.model, *r.opt, writes ? r.target : none, at,
+                          r.world.get(), false);
   } else {
     dist::save_checkpoint(r.c.checkpoint_dir, *r.model, *r.opt, r.target, at, r.world.get(),
                           !r.dp || r.dp->replicated());

@@ -158,12 +158,11 @@ Run set_up(const TrainConfig& c) {
                                                             << " is not a multiple of "
                                                                "--micro-batches "
                                                             << c.micro_batches);
-    COHORT_CHECK(c.shard == dist::Shard::none && !c.sync_bn,
-                 "--pipeline-stages with --shard " << dist::shard_name(c.shard)
-                                                   << (c.sync_bn ? " and --sync-bn" : "")
-                                                   << ": a stage's replicas run DDP; sharding "
-                                                      "and SyncBatchNorm inside a stage are not "
-                                                      "built yet");
+    COHORT_CHECK(c.shard == dist::Shard::none || c.shard == dist::Shard::zero1,
+                 "--pipeline-stages with --shard "
+                     << dist::shard_name(c.shard)
+                     << ": a stage's replicas run DDP (--shard none) or ZeRO-1 (--shard zero1); "
+                        "sharding their gradients or parameters is not built yet");
     data_world = r.job.world / c.pipeline_stages;
     data_rank = r.job.rank / c.pipeline_stages;
   }
@@ -230,6 +229,8 @@ Run set_up(const TrainConfig& c) {
     po.balance = c.pipeline_balance;
     po.deferred_batch_norm = c.deferred_batch_norm;
     po.recompute = c.recompute;
+    po.shard_optimizer = c.shard == dist::Shard::zero1;
+    po.sync_batch_norm = c.sync_bn;
     for (size_t at = 0; at < c.pipeline_cuts.size();) {
       size_t end = c.pipeline_cuts.find(',', at);
       if (end == std::string::npos) end = c.pipeline_cuts.size();
@@ -288,6 +289,7 @@ Run set_up(const TrainConfig& c) {
   if (!c.resume.empty()) {
     r.pos = dist::load_checkpoint(c.resume, *r.model, r.opt.get(), r.target);
     if (r.dp) r.dp->after_step();  // the loaded shards to where forward reads them
+    if (r.pipe) r.pipe->after_step();
     COHORT_CHECK(r.pos.seed == c.seed,
                  c.resume << ": checkpoint seed " << r.pos.seed << ", this run's " << c.seed);
     COHORT_CHECK(r.pos.position % static_cast<uint64_t>(r.global_batch) == 0,

@@ -151,6 +151,7 @@ TrainSummary run_training(const TrainConfig& config) {
         if (c.clip_grad_norm > 0) nn::clip_grad_norm(r.target, c.clip_grad_norm);
         r.opt->step(lr);
         if (r.dp) r.dp->after_step();
+        if (r.pipe) r.pipe->after_step();
       } else {
         r.say(
             "train: step %lld: gradients overflow f16 at loss scale %g; step skipped, scale now "

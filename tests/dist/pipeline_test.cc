@@ -167,22 +167,51 @@ struct Case {
   int steps = 3;
   float lr = 0.05f;
   int px = kPx;
+  bool zero1 = false;    // ZeRO-1 over each stage's replicas
+  bool sync_bn = false;  // SyncBatchNorm over each stage's replicas (instead of deferred)
+  std::string optimizer = "sgd";
+  float clip = 0;
 };
 
 std::unique_ptr<nn::Model> model_of(const Case& k) {
   return nn::make_model(k.model, nn::ModelOptions{1, 3, k.px, 4});
 }
 
+nn::OptimOptions optim_of(const Case& k) {
+  nn::OptimOptions o;
+  o.kind = k.optimizer;
+  return o;
+}
+
 // Unpipelined: every replica's micro-batches accumulated in one process, the running statistics
-// deferred over replica 0's (what replica 0's stages hold).
+// deferred over replica 0's (what replica 0's stages hold). Under SyncBatchNorm, micro-batch i
+// of every replica is one batch (what SyncBatchNorm normalises over), statistics not deferred.
 std::unique_ptr<nn::Model> reference(const Case& k) {
   auto m = model_of(k);
-  auto opt = nn::make_optimizer(*m, nn::OptimOptions{});
-  nn::defer_batch_norm_statistics(m->root(), true);
+  auto opt = nn::make_optimizer(*m, optim_of(k));
+  if (!k.sync_bn) nn::defer_batch_norm_statistics(m->root(), true);
   const float scale = 1.0f / static_cast<float>(k.micro * k.replicas * k.accum);
   for (int s = 0; s < k.steps; ++s) {
     m->zero_grad();
-    for (int a = 0; a < k.accum; ++a)
+    for (int a = 0; a < k.accum && k.sync_bn; ++a) {
+      const int D = k.replicas;
+      for (int i = 0; i < k.micro; ++i) {
+        tensor::Tensor x = tensor::Tensor::empty({D * kMicro, 1, k.px, k.px});
+        std::vector<int> l;
+        for (int r = 0; r < D; ++r) {
+          tensor::Tensor part = x.narrow0(r * kMicro, (r + 1) * kMicro);
+          part.copy_(
+              batch(s * k.accum + a, r, k.micro, k.px).narrow0(i * kMicro, (i + 1) * kMicro));
+          const std::vector<int> lr = labels_of(s * k.accum + a, r, k.micro);
+          l.insert(l.end(), lr.begin() + i * kMicro, lr.begin() + (i + 1) * kMicro);
+        }
+        nn::Tape tape;
+        nn::Tape::Recording rec(tape);
+        nn::Var logits = m->forward(nn::constant(x.channels_last()));
+        tape.backward(nn::cross_entropy(logits, l), static_cast<float>(D) * scale);
+      }
+    }
+    for (int a = 0; a < k.accum && !k.sync_bn; ++a)
       for (int r = k.replicas; r-- > 0;) {
         tensor::Tensor x = batch(s * k.accum + a, r, k.micro, k.px);
         const std::vector<int> l = labels_of(s * k.accum + a, r, k.micro);
@@ -198,6 +227,7 @@ std::unique_ptr<nn::Model> reference(const Case& k) {
         }
       }
     nn::commit_batch_norm_statistics(m->root());
+    if (k.clip > 0) nn::clip_grad_norm(*m, k.clip);
     opt->step(k.lr);
   }
   return m;
@@ -215,10 +245,12 @@ Trained pipelined(const Case& k, const std::shared_ptr<comm::Communicator>& c) {
   o.stages = k.stages;
   o.micro_batches = k.micro;
   o.schedule = k.schedule;
-  o.deferred_batch_norm = true;
+  o.deferred_batch_norm = !k.sync_bn;
   o.recompute = k.recompute;
+  o.shard_optimizer = k.zero1;
+  o.sync_batch_norm = k.sync_bn;
   Pipeline p(*t.model, c, o, {kMicro, 1, k.px, k.px});
-  auto opt = nn::make_optimizer(p.optim_target(), nn::OptimOptions{});
+  auto opt = nn::make_optimizer(p.optim_target(), optim_of(k));
   for (int s = 0; s < k.steps; ++s) {
     p.zero_grad();
     for (int a = 0; a < k.accum; ++a) {
@@ -233,7 +265,9 @@ Trained pipelined(const Case& k, const std::shared_ptr<comm::Communicator>& c) {
           1.0f / static_cast<float>(k.accum));
     }
     p.finish();
+    if (k.clip > 0) nn::clip_grad_norm(p.optim_target(), k.clip);
     opt->step(k.lr);
+    p.after_step();
   }
   t.stats = p.stats();
   p.gather_model();
@@ -267,8 +301,9 @@ void equals_unpipelined(const Case& k) {
         auto ref = reference(k);
         std::ostringstream what;
         what << k.stages << " stages x " << k.replicas << " replicas, M " << k.micro << ", "
-             << schedule_name(k.schedule) << (k.recompute ? ", recompute" : "") << ", accum "
-             << k.accum << ", rank " << rank;
+             << schedule_name(k.schedule) << (k.recompute ? ", recompute" : "")
+             << (k.zero1 ? ", zero1" : "") << (k.sync_bn ? ", SyncBN" : "") << ", accum " << k.accum
+             << ", rank " << rank;
         // Replica 0's stages hold replica 0's statistics; every replica the same parameters.
         expect_equal(*ref, *t.model, rank < k.stages, 2e-4, what.str());
         REQUIRE(t.stats.peak_in_flight == (k.schedule == Schedule::gpipe
@@ -309,6 +344,27 @@ TEST(Pipeline, TwoStagesTimesTwoReplicasWithAccumulationEqualUnpipelined) {
   k.replicas = 2;
   k.micro = 3;
   k.accum = 2;
+  equals_unpipelined(k);
+}
+
+// ZeRO-1 over the replicas of each stage, with AdamW (state sharded) and clipping (the norm
+// summed over every stage's and replica's chunk), and SyncBatchNorm over the replicas.
+TEST(Pipeline, StageReplicasWithZero1AndSyncBnEqualUnpipelined) {
+  Case k;
+  k.replicas = 2;
+  k.micro = 3;
+  k.zero1 = true;
+  k.optimizer = "adamw";
+  k.lr = 1e-3f;
+  k.clip = 0.05f;
+  equals_unpipelined(k);
+  k.replicas = 3;
+  k.stages = 2;
+  k.zero1 = false;
+  k.sync_bn = true;
+  k.optimizer = "sgd";
+  k.lr = 0.05f;
+  k.clip = 0;
   equals_unpipelined(k);
 }
 
@@ -501,10 +557,37 @@ TEST(Pipeline, CohortTrainEqualsAccumulatedTrainingAndReports) {
   EXPECT_NO_THROW(nn::load_weights(*halfway, dir.file("ck.safetensors")));
 
   auto sharded = testing::sh(bin + " launch --nproc-per-node 2 -- " + bin + common +
-                             "--batch 8 --pipeline-stages 2 --micro-batches 4 --shard zero1");
+                             "--batch 8 --pipeline-stages 2 --micro-batches 4 --shard zero3");
   EXPECT_NE(sharded.code, 0);
-  EXPECT_NE(sharded.out.find("--pipeline-stages with --shard zero1"), std::string::npos)
+  EXPECT_NE(sharded.out.find("--pipeline-stages with --shard zero3"), std::string::npos)
       << sharded.out;
+
+  // 2 stages x 2 replicas with ZeRO-1 and SyncBatchNorm over the replicas: stopped halfway and
+  // resumed (every rank wrote its chunk), the run ends with the uninterrupted run's weights.
+  const std::string zero1 =
+      "--batch 4 --pipeline-stages 2 --micro-batches 2 --shard zero1 "
+      "--sync-bn --optimizer adamw ";
+  auto whole = testing::sh(bin + " launch --nproc-per-node 4 -- " + bin + common + zero1 +
+                           "--save " + dir.file("z-whole"));
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  EXPECT_NE(whole.out.find("(ZeRO-1 over a stage's replicas, SyncBatchNorm)"), std::string::npos)
+      << whole.out;
+  auto half = testing::sh(bin + " launch --nproc-per-node 4 -- " + bin + common + zero1 +
+                          "--max-steps 2 --checkpoint-dir " + dir.file("zck"));
+  ASSERT_EQ(half.code, 0) << half.out;
+  auto rest = testing::sh(bin + " launch --nproc-per-node 4 -- " + bin + common + zero1 +
+                          "--resume " + dir.file("zck") + " --save " + dir.file("z-resumed"));
+  ASSERT_EQ(rest.code, 0) << rest.out;
+  {
+    auto w = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 32, 0});
+    auto z = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 32, 0});
+    nn::load_weights(*w, dir.file("z-whole") + "/model.safetensors");
+    nn::load_weights(*z, dir.file("z-resumed") + "/model.safetensors");
+    for (nn::Param* p : w->params()) {
+      EXPECT_LT(testing::max_rel_diff(z->find_param(p->name)->value, p->value), 1e-6)
+          << "zero1 resumed: " << p->name;
+    }
+  }
   auto odd = testing::sh(bin + " launch --nproc-per-node 3 -- " + bin + common +
                          "--batch 8 --pipeline-stages 2 --micro-batches 4");
   EXPECT_NE(odd.code, 0);

@@ -54,6 +54,11 @@ struct PipelineOptions {
   std::string balance = "flops";     // flops (counted in one forward) | time (measured on rank 0)
   bool deferred_batch_norm = false;  // running statistics over the whole mini-batch
   bool recompute = false;  // keep each micro-batch's stage input only; forward again in backward
+  // Over a stage's replicas: ZeRO-1 (each replica updates and keeps the optimiser state of
+  // 1/D of the stage: gradients reduce-scattered, the updated values all-gathered) instead of
+  // DDP's allreduce; and SyncBatchNorm (batch statistics over the replicas' micro-batches).
+  bool shard_optimizer = false;
+  bool sync_batch_norm = false;
 };
 
 // What one stage measured, summed over the steps since reset_stats().
@@ -105,9 +110,11 @@ class Pipeline {
   // the replicas (loss_scale 1/A under A accumulated mini-batches). Returns the mean loss over
   // the micro-batches, on every stage.
   float run(const tensor::Tensor& x, const LossFn& loss, float loss_scale = 1.0f);
-  // The replicas' allreduce of this stage's gradients, and the deferred BatchNorm statistics
-  // committed; returns the seconds spent waiting for the allreduce.
+  // The replicas' allreduce (or, sharded, reduce-scatter) of this stage's gradients, and the
+  // deferred BatchNorm statistics committed; returns the seconds spent waiting for it.
   double finish();
+  // After the optimiser step: sharded, the replicas' updated chunks to every replica.
+  void after_step();
 
   // What the optimiser updates on this rank: this stage's parameters (clipping sums the squared
   // norms over the stages).
@@ -147,6 +154,11 @@ class Pipeline {
   std::vector<double> costs_;  // per piece
   int first_piece_ = 0, last_piece_ = 0;
   size_t begin_ = 0, end_ = 0;
+  // Sharded over the replicas: this replica's chunk [lo, lo + n) of the stage's range, each
+  // chunk `chunk_` elements (the last ones padded), its reduced gradients in shard_grad_, and
+  // where reduce-scatter and allgather run when the flat buffers end before D chunks do.
+  size_t chunk_ = 0, lo_ = 0;
+  tensor::Tensor shard_grad_, staging_;
   nn::OptimTarget target_;
   tensor::Shape in_shape_, out_shape_;  // this stage's, per micro-batch
   std::unique_ptr<Channel> act_in_, act_out_, grad_in_, grad_out_;
