@@ -44,6 +44,9 @@ struct Run {
   dist::RunPosition pos;  // where the run starts (after a resume: the checkpoint's)
   std::string precision_note;
   std::vector<std::string> class_names;  // from the data where it names them (may be empty)
+  // After a restart (COHORT_RESTART_COUNT > 0): the generation and its times (unix seconds),
+  // completed by the loop and written to the JSON log.
+  nlohmann::json restart;
 
   // printf on rank 0 only.
   template <class... A>
@@ -69,6 +72,8 @@ std::vector<double> time_steps(BenchTrainResult& r, const std::vector<double>& m
 nlohmann::json bench_json(const BenchTrainOptions& o, const BenchTrainResult& r,
                           const std::vector<double>& ms, const std::vector<double>& per_rank);
 void write_bench_json(const std::string& path, const nlohmann::json& j);
+
+double unix_seconds();
 
 // Shared by cohort train and cohort bench train.
 void default_threads(int asked, const comm::JobEnv& job);

@@ -4,14 +4,24 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <thread>
 
+#include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/nn/layers.h"
 #include "run.h"
 
 namespace cohort::train {
+
+double unix_seconds() {
+  return static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count()) /
+         1e6;
+}
 
 namespace {
 
@@ -144,6 +154,7 @@ Run set_up(const TrainConfig& c) {
   COHORT_CHECK(!c.data.empty(), "cohort train needs --data (or 'data' in the config file)");
   Run r;
   r.c = c;
+  const double started_at = unix_seconds();
   r.job = comm::detect_job_env();
   const bool piped = c.pipeline_stages > 0;
   if (r.job.world > 1 || piped) r.world = comm::init();
@@ -285,17 +296,35 @@ Run set_up(const TrainConfig& c) {
   r.sched.total_steps = r.per_epoch * c.epochs;
   r.sched.step_every = int64_t{c.step_epochs} * r.per_epoch;
 
+  // Restarted by `cohort launch --max-restarts` (or torchrun): continue from the run's own
+  // checkpoint, when it wrote one before the failure.
+  std::string resume = c.resume;
+  const std::string generation = env::get_or("COHORT_RESTART_COUNT", "0");
+  if (generation != "0") {
+    const bool have = !c.checkpoint_dir.empty() &&
+                      std::filesystem::exists(dist::checkpoint_index(c.checkpoint_dir));
+    if (resume.empty() && have) resume = c.checkpoint_dir;
+    const std::string failed = env::get_or("COHORT_RESTART_FAILED_AT", "");
+    r.restart = {{"generation", std::stoi(generation)},
+                 {"failed_at", failed.empty() ? 0.0 : std::stod(failed)},
+                 {"started_at", started_at},
+                 {"set_up_at", 0.0},
+                 {"resumed_from", resume}};
+    r.say("train: restart: generation %s, %s\n", generation.c_str(),
+          resume.empty() ? "no checkpoint to resume from (--checkpoint-dir), starting over"
+                         : ("resuming from " + resume).c_str());
+  }
   r.pos.seed = c.seed;
-  if (!c.resume.empty()) {
-    r.pos = dist::load_checkpoint(c.resume, *r.model, r.opt.get(), r.target);
+  if (!resume.empty()) {
+    r.pos = dist::load_checkpoint(resume, *r.model, r.opt.get(), r.target);
     if (r.dp) r.dp->after_step();  // the loaded shards to where forward reads them
     if (r.pipe) r.pipe->after_step();
     COHORT_CHECK(r.pos.seed == c.seed,
-                 c.resume << ": checkpoint seed " << r.pos.seed << ", this run's " << c.seed);
+                 resume << ": checkpoint seed " << r.pos.seed << ", this run's " << c.seed);
     COHORT_CHECK(r.pos.position % static_cast<uint64_t>(r.global_batch) == 0,
-                 c.resume << ": position " << r.pos.position
-                          << " is not a whole number of global batches of " << r.global_batch);
-    r.say("train: resumed from %s at step %lld (epoch %lld, sample %llu)\n", c.resume.c_str(),
+                 resume << ": position " << r.pos.position
+                        << " is not a whole number of global batches of " << r.global_batch);
+    r.say("train: resumed from %s at step %lld (epoch %lld, sample %llu)\n", resume.c_str(),
           static_cast<long long>(r.pos.step), static_cast<long long>(r.pos.epoch),
           static_cast<unsigned long long>(r.pos.position));
   }
@@ -303,6 +332,7 @@ Run set_up(const TrainConfig& c) {
   r.pos.mode =
       piped ? "pipeline-" + std::to_string(c.pipeline_stages) + "x" + std::to_string(data_world)
             : dist::shard_name(c.shard);
+  if (!r.restart.is_null()) r.restart["set_up_at"] = unix_seconds();
   announce(r);
   return r;
 }

@@ -163,6 +163,18 @@ TrainSummary run_training(const TrainConfig& config) {
                                                    << "): training diverged");
       ++step;
       ++epoch_steps;
+      if (!r.restart.is_null() && !r.restart.contains("first_step_at")) {
+        // The time the restart cost: from the failure the launcher saw to this first step.
+        const double now = unix_seconds(), failed = r.restart["failed_at"].get<double>();
+        r.restart["first_step_at"] = now;
+        r.restart["lost_seconds"] = failed > 0 ? now - failed : 0.0;
+        r.say(
+            "train: restart: generation %d resumed at step %lld; %.1f s from the failure to this "
+            "step (set-up and resume %.1f s of it)\n",
+            r.restart["generation"].get<int>(), static_cast<long long>(step),
+            r.restart["lost_seconds"].get<double>(),
+            r.restart["set_up_at"].get<double>() - r.restart["started_at"].get<double>());
+      }
       ++in_epoch;
       s.losses.push_back(loss);
       s.final_loss = loss;
@@ -249,6 +261,7 @@ TrainSummary run_training(const TrainConfig& config) {
   log["summary"] = summary;
   log["memory"] = memory_json(memory);
   log["shard"] = dist::shard_name(c.shard);
+  if (!r.restart.is_null()) log["restart"] = r.restart;
 
   // What the run leaves: the final checkpoint, the weights, the log.
   write_checkpoint(r, position_after(r, step, epoch, in_epoch));
