@@ -59,9 +59,182 @@ void quiet_gdcm() {
   static const bool once = [] {
     gdcm::Trace::WarningOff();
     gdcm::Trace::DebugOff();
+    gdcm::Trace::ErrorOff();  // a file GDCM cannot read is refused with a DecodeError naming it
     return true;
   }();
   (void)once;
+}
+
+// GDCM asserts, aborting the process, on element headers it cannot parse: fuzz_image found two
+// within minutes (a File Meta Information group length that runs into bytes that are no
+// element; a value representation of two zero bytes in the data set). So before GDCM sees a
+// file, its structure is walked here, every step checked against the file's size: the meta
+// group (0002,xxxx); then, when the data set is explicit VR little endian (what every
+// transfer syntax but implicit VR, big endian and deflate uses), every element, sequence, item
+// and pixel-data fragment, to the end. A file that breaks the structure is refused naming the
+// byte; what this walk cannot follow (a UN of undefined length, implicit VR) is left to GDCM.
+class StructureWalk {
+ public:
+  StructureWalk(std::span<const uint8_t> b, const std::string& name) : b_(b), name_(name) {}
+
+  void run() {
+    size_t at = b_.size() >= 132 && std::memcmp(b_.data() + 128, "DICM", 4) == 0 ? 132 : 0;
+    std::string syntax;
+    if (at + 4 <= b_.size() && u16(at) == 0x0002) at = meta(at, &syntax);
+    while (!syntax.empty() && (syntax.back() == '\0' || syntax.back() == ' ')) syntax.pop_back();
+    const bool explicit_le = syntax.empty() ? looks_explicit(at)
+                                            : syntax != "1.2.840.10008.1.2" &&
+                                                  syntax != "1.2.840.10008.1.2.2" &&
+                                                  syntax != "1.2.840.10008.1.2.1.99";
+    if (explicit_le) elements(at, b_.size(), 0);
+  }
+
+ private:
+  static constexpr uint32_t kUndefined = 0xffffffffu;
+  std::span<const uint8_t> b_;
+  const std::string& name_;
+
+  uint16_t u16(size_t p) const { return static_cast<uint16_t>(b_[p] | (b_[p + 1] << 8)); }
+  uint32_t u32(size_t p) const { return static_cast<uint32_t>(u16(p) | (u16(p + 2) << 16)); }
+  [[noreturn]] void bad(size_t at, const std::string& what) const {
+    COHORT_THROW_AS(DecodeError, name_ << ": malformed DICOM at byte " << at << " of " << b_.size()
+                                       << ": " << what);
+  }
+  std::string tag(size_t at) const {
+    char t[16];
+    std::snprintf(t, sizeof t, "(%04x,%04x)", u16(at), u16(at + 2));
+    return t;
+  }
+  static bool valid_vr(const char* v) {
+    static const char* const kVrs[] = {"AE", "AS", "AT", "CS", "DA", "DS", "DT", "FL", "FD",
+                                       "IS", "LO", "LT", "OB", "OD", "OF", "OL", "OV", "OW",
+                                       "PN", "SH", "SL", "SQ", "SS", "ST", "SV", "TM", "UC",
+                                       "UI", "UL", "UN", "UR", "US", "UT", "UV"};
+    return std::any_of(std::begin(kVrs), std::end(kVrs),
+                       [v](const char* k) { return v[0] == k[0] && v[1] == k[1]; });
+  }
+  static bool long_vr(const char* v) {
+    static const char* const kLong[] = {"OB", "OD", "OF", "OL", "OV", "OW", "SQ",
+                                        "SV", "UC", "UN", "UR", "UT", "UV"};
+    return std::any_of(std::begin(kLong), std::end(kLong),
+                       [v](const char* k) { return v[0] == k[0] && v[1] == k[1]; });
+  }
+  bool looks_explicit(size_t at) const {
+    if (at + 6 > b_.size()) return false;
+    const char v[2] = {static_cast<char>(b_[at + 4]), static_cast<char>(b_[at + 5])};
+    return valid_vr(v);
+  }
+  // One explicit VR little endian element header at `at`: its VR, value length and header size.
+  struct Header {
+    char vr[3] = {0, 0, 0};
+    uint32_t length = 0;
+    size_t size = 0;
+  };
+  Header header(size_t at, size_t end) const {
+    if (at + 8 > end) bad(at, "a truncated element header");
+    Header h;
+    h.vr[0] = static_cast<char>(b_[at + 4]);
+    h.vr[1] = static_cast<char>(b_[at + 5]);
+    if (!valid_vr(h.vr)) {
+      bad(at, "element " + tag(at) + " has no value representation (bytes " +
+                  std::to_string(b_[at + 4]) + ", " + std::to_string(b_[at + 5]) + ")");
+    }
+    if (long_vr(h.vr)) {
+      if (at + 12 > end) bad(at, "a truncated element header");
+      h.length = u32(at + 8);
+      h.size = 12;
+    } else {
+      h.length = u16(at + 6);
+      h.size = 8;
+    }
+    return h;
+  }
+  size_t meta(size_t at, std::string* syntax) const {
+    size_t end = b_.size();  // by the group's (0002,0000) length, when it states one
+    for (bool first = true; at + 4 <= b_.size() && u16(at) == 0x0002 && at < end; first = false) {
+      const Header h = header(at, b_.size());
+      if (h.length == kUndefined || at + h.size + h.length > b_.size()) {
+        bad(at, "element " + tag(at) + " " + h.vr + " of " + std::to_string(h.length) +
+                    " bytes runs past the end");
+      }
+      if (first && u16(at + 2) == 0x0000 && h.length == 4) {
+        end = at + h.size + 4 + u32(at + h.size);
+        if (end > b_.size()) bad(at, "the meta group's length runs past the end of the file");
+      }
+      if (u16(at + 2) == 0x0010) {
+        syntax->assign(reinterpret_cast<const char*>(b_.data()) + at + h.size, h.length);
+      }
+      at += h.size + h.length;
+    }
+    if (end != b_.size() && at < end) {
+      bad(at, "the meta group's length says it ends at byte " + std::to_string(end) +
+                  ", its elements end here");
+    }
+    return at;
+  }
+  // Items of a sequence (or fragments of encapsulated pixel data) from `at`: within [at, end)
+  // for a defined length, else up to the sequence delimiter. Returns where the sequence ends.
+  size_t items(size_t at, size_t end, bool defined, int depth, bool fragments) const {
+    while (defined ? at < end : true) {
+      if (at + 8 > end) bad(at, "a truncated item");
+      if (u16(at) != 0xfffe) bad(at, "expected an item, found " + tag(at));
+      const uint16_t e = u16(at + 2);
+      const uint32_t length = u32(at + 4);
+      if (e == 0xe0dd) {  // sequence delimiter
+        if (defined) bad(at, "a sequence delimiter in a sequence of defined length");
+        return at + 8;
+      }
+      if (e != 0xe000) bad(at, "expected an item, found " + tag(at));
+      at += 8;
+      if (length == kUndefined) {
+        if (fragments) bad(at - 8, "a pixel-data fragment of undefined length");
+        at = elements(at, end, depth + 1, /*item=*/true);
+      } else {
+        if (at + length > end) {
+          bad(at - 8, "an item of " + std::to_string(length) + " bytes runs past the end");
+        }
+        if (!fragments) elements(at, at + length, depth + 1);
+        at += length;
+      }
+    }
+    return at;
+  }
+  // Elements from `at` to `end` (an item of undefined length: to its delimiter). Returns where
+  // they end.
+  size_t elements(size_t at, size_t end, int depth, bool item = false) const {
+    if (depth > 16) bad(at, "sequences nested more than 16 deep");
+    while (at < end) {
+      if (at + 4 > end) bad(at, "a truncated element header");
+      if (u16(at) == 0xfffe) {
+        if (item && u16(at + 2) == 0xe00d) return at + 8;  // item delimiter
+        bad(at, "an item tag " + tag(at) + " outside a sequence");
+      }
+      const Header h = header(at, end);
+      const bool sq = h.vr[0] == 'S' && h.vr[1] == 'Q';
+      const bool pixels = u16(at) == 0x7fe0 && u16(at + 2) == 0x0010;
+      const size_t value = at + h.size;
+      if (h.length == kUndefined) {
+        if (sq || (pixels && depth == 0)) {
+          at = items(value, end, false, depth, pixels);
+        } else {
+          return end;  // (a UN of undefined length: implicit VR inside; GDCM's to read)
+        }
+      } else {
+        if (value + h.length > end) {
+          bad(at, "element " + tag(at) + " " + h.vr + " of " + std::to_string(h.length) +
+                      " bytes runs past the end");
+        }
+        if (sq) items(value, value + h.length, true, depth, false);
+        at = value + h.length;
+      }
+    }
+    if (item) bad(at, "an item of undefined length without its delimiter");
+    return at;
+  }
+};
+
+void check_structure(std::span<const uint8_t> bytes, const std::string& name) {
+  StructureWalk(bytes, name).run();
 }
 
 }  // namespace
@@ -492,7 +665,84 @@ void to_interleaved_rgb(std::vector<uint8_t>& raw, size_t px, bool planar, bool 
   }
 }
 
+// GDCM's image reader asserts on attribute values it does not expect. fuzz_image found Samples
+// per Pixel above 4 and a PALETTE COLOR image without its lookup tables; its source asserts on
+// an unknown Photometric Interpretation too. The pixel module is checked from a plain read of
+// the data set first (the whole of it: elements out of order hide behind the pixel data from a
+// read that stops there), and such a file refused naming the attribute.
+void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name) {
+  SpanBuf buf(bytes.data(), bytes.size());
+  std::istream in(&buf);
+  gdcm::Reader peek;
+  peek.SetStream(in);
+  if (!peek.Read()) return;  // the image reader says why
+  const gdcm::DataSet& ds = peek.GetFile().GetDataSet();
+  auto refuse = [&](const std::string& what) {
+    COHORT_THROW_AS(DecodeError, name << ": " << what);
+  };
+  const auto spp = us_value(ds, 0x0028, 0x0002);
+  if (spp && *spp != 1 && *spp != 3 && *spp != 4) {
+    refuse("Samples per Pixel (0028,0002) is " + std::to_string(*spp) + "; DICOM allows 1, 3 or 4");
+  }
+  // The image reader allocates every frame (see kMaxDecodedBytes).
+  const double frames =
+      std::max(1.0, first_number(element_string(ds, gdcm::Tag(0x0028, 0x0008))).value_or(1.0));
+  const double decoded = static_cast<double>(us_value(ds, 0x0028, 0x0010).value_or(0)) *
+                         us_value(ds, 0x0028, 0x0011).value_or(0) * spp.value_or(1) *
+                         std::max(1, us_value(ds, 0x0028, 0x0100).value_or(8) / 8) * frames;
+  if (decoded > static_cast<double>(kMaxDecodedBytes)) {
+    refuse("declares " + std::to_string(static_cast<int64_t>(decoded / (1 << 20))) +
+           " MiB of pixels: more than the " + std::to_string(kMaxDecodedBytes >> 20) +
+           " MiB an image may take");
+  }
+  std::string pi = element_string(ds, gdcm::Tag(0x0028, 0x0004));
+  while (!pi.empty() && (pi.back() == ' ' || pi.back() == '\0')) pi.pop_back();
+  static const char* const kKnown[] = {"MONOCHROME1",
+                                       "MONOCHROME2",
+                                       "PALETTE COLOR",
+                                       "RGB",
+                                       "HSV",
+                                       "ARGB",
+                                       "CMYK",
+                                       "YBR_FULL",
+                                       "YBR_FULL_422",
+                                       "YBR_PARTIAL_422",
+                                       "YBR_PARTIAL_420",
+                                       "YBR_ICT",
+                                       "YBR_RCT"};
+  if (!pi.empty() &&
+      std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return pi == k; })) {
+    refuse("Photometric Interpretation (0028,0004) '" + pi + "' is none DICOM defines");
+  }
+  if (pi == "PALETTE COLOR") {
+    for (uint16_t i = 0; i < 3; ++i) {
+      const gdcm::Tag descriptor(0x0028, static_cast<uint16_t>(0x1101 + i));
+      const gdcm::Tag lut(0x0028, static_cast<uint16_t>(0x1201 + i));
+      const gdcm::Tag segmented(0x0028, static_cast<uint16_t>(0x1221 + i));
+      const std::string d = element_string(ds, descriptor);
+      if (d.size() != 6)
+        refuse("a PALETTE COLOR image without its LUT descriptor " + std::string(i == 0 ? "red"
+                                                                                 : i == 1
+                                                                                     ? "green"
+                                                                                     : "blue"));
+      uint16_t v[3];
+      std::memcpy(v, d.data(), 6);
+      if (ds.FindDataElement(lut)) {
+        const size_t want = (v[0] ? v[0] : 65536u) * static_cast<size_t>(v[2]) / 8;
+        const gdcm::ByteValue* bv = ds.GetDataElement(lut).GetByteValue();
+        if (bv && bv->GetLength() != want) {
+          refuse("a PALETTE COLOR lookup table of " + std::to_string(bv->GetLength()) +
+                 " bytes where its descriptor says " + std::to_string(want));
+        }
+      } else if (!ds.FindDataElement(segmented)) {
+        refuse("a PALETTE COLOR image without its lookup table data");
+      }
+    }
+  }
+}
+
 StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string& name) {
+  check_pixel_module(bytes, name);
   const std::string repaired = repaired_for_gdcm(bytes);
   if (!repaired.empty()) {
     bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(repaired.data()),
@@ -591,6 +841,7 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
 DicomPixels::DicomPixels(std::span<const uint8_t> bytes, const std::string& name)
     : s_(std::make_unique<StoredPixels>()) {
   quiet_gdcm();
+  check_structure(bytes, name);
   if (auto n = parse_native(bytes, name)) {
     *s_ = std::move(*n);
   } else {
@@ -611,6 +862,7 @@ Image DicomPixels::window(std::optional<Window> window, std::optional<PixelRegio
 
 ImageInfo probe_dicom(std::span<const uint8_t> bytes, const std::string& name) {
   quiet_gdcm();
+  check_structure(bytes, name);
   if (auto n = parse_native(bytes, name, false)) {
     return ImageInfo{n->format.width, n->format.height, 1, Format::dicom};
   }

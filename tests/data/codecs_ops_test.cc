@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "cohort/core/rng.h"
 #include "cohort/data/image.h"
@@ -160,6 +161,45 @@ TEST(Codecs, CorruptTruncatedAndEmptyInputsAreErrorsNamingTheFile) {
       EXPECT_NE(std::string(e.what()).find("bad/file.jpg"), std::string::npos) << e.what();
     }
   }
+}
+
+// Every committed fuzz_image input (fuzz/corpus/image: the seeds, and the inputs that once
+// aborted the process inside GDCM or asked for a 6 GB buffer) goes through the decoders as the
+// fuzz target drives them: each is decoded or refused with an error naming it, in this build
+// too, without the fuzzer (a regression aborts this test binary).
+TEST(Codecs, CommittedFuzzInputsAreDecodedOrRefusedNamingTheFile) {
+  const std::filesystem::path dir = std::filesystem::path(COHORT_SOURCE_DIR) / "fuzz/corpus/image";
+  int decoded = 0, refused = 0, regressions = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::vector<uint8_t> all = read_file(e.path().string());
+    ASSERT_GE(all.size(), 2u) << e.path();
+    const uint8_t mode = all[0];
+    const std::span<const uint8_t> bytes(all.data() + 1, all.size() - 1);
+    const bool regression = e.path().filename().string().rfind("regress-", 0) == 0;
+    regressions += regression;
+    try {
+      const ImageInfo info = probe(bytes, e.path().string());
+      Image img = mode % 3 == 1
+                      ? decode(bytes, e.path().string(), 1 + (mode / 3) % 8, Idct::accurate)
+                      : decode(bytes, e.path().string());
+      EXPECT_GT(img.width, 0);
+      if (info.format == Format::jpeg && mode % 3 == 2) {
+        PixelRegion origin;
+        decode_jpeg_region(bytes, e.path().string(), 8, Idct::fast,
+                           {info.width / 4, info.height / 4, std::max(1, info.width / 2),
+                            std::max(1, info.height / 2)},
+                           &origin);
+      }
+      ++decoded;
+      EXPECT_FALSE(regression) << e.path() << " decoded";
+    } catch (const cohort::Error& err) {
+      ++refused;
+      EXPECT_NE(std::string(err.what()).find(e.path().string()), std::string::npos) << err.what();
+    }
+  }
+  EXPECT_GE(decoded, 10) << "the seeds (one per kind of image) decode";
+  EXPECT_GE(regressions, 6);
+  EXPECT_EQ(refused, regressions) << "only the malformed inputs are refused";
 }
 
 TEST(Ops, ResizeOfAConstantIsConstant) {

@@ -37,6 +37,9 @@ struct PixelRegion {
 };
 
 enum class Format { jpeg, png, dicom, unknown };
+// The most bytes one decoded image may take (at 16 bits per sample): a header that declares more
+// is refused before anything is allocated (see probe).
+constexpr size_t kMaxDecodedBytes = size_t{1} << 30;
 Format sniff(const uint8_t* p, size_t n);
 
 struct ImageInfo {
