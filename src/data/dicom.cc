@@ -151,7 +151,8 @@ class StructureWalk {
   }
   size_t meta(size_t at, std::string* syntax) const {
     size_t end = b_.size();  // by the group's (0002,0000) length, when it states one
-    for (bool first = true; at + 4 <= b_.size() && u16(at) == 0x0002 && at < end; first = false) {
+    // Every (0002,xxxx) element, past the group's stated length too: GDCM reads them all.
+    for (bool first = true; at + 4 <= b_.size() && u16(at) == 0x0002; first = false) {
       const Header h = header(at, b_.size());
       if (h.length == kUndefined || at + h.size + h.length > b_.size()) {
         bad(at, "element " + tag(at) + " " + h.vr + " of " + std::to_string(h.length) +
