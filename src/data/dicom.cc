@@ -149,11 +149,31 @@ class StructureWalk {
     }
     return h;
   }
+  // The meta group as GDCM reads it (its FileMetaInformation asserts on a tag, length or value
+  // it cannot read whole, on a sequence, on an undefined length): every (0002,xxxx) element,
+  // past the group's stated length too, explicit VR, or implicit when the first element has no
+  // VR (as some old GE files have); then at least the next tag.
   size_t meta(size_t at, std::string* syntax) const {
     size_t end = b_.size();  // by the group's (0002,0000) length, when it states one
-    // Every (0002,xxxx) element, past the group's stated length too: GDCM reads them all.
+    if (at + 6 <= b_.size() && !looks_explicit(at)) {
+      while (at + 4 <= b_.size() && u16(at) == 0x0002) {
+        if (at + 8 > b_.size()) bad(at, "a truncated element header");
+        const uint32_t length = u32(at + 4);
+        if (length == kUndefined || at + 8 + length > b_.size()) {
+          bad(at,
+              "element " + tag(at) + " of " + std::to_string(length) + " bytes runs past the end");
+        }
+        if (u16(at + 2) == 0x0010) {
+          syntax->assign(reinterpret_cast<const char*>(b_.data()) + at + 8, length);
+        }
+        at += 8 + length;
+      }
+      if (at + 4 > b_.size()) bad(at, "no data set after the file meta information");
+      return at;
+    }
     for (bool first = true; at + 4 <= b_.size() && u16(at) == 0x0002; first = false) {
       const Header h = header(at, b_.size());
+      if (h.vr[0] == 'S' && h.vr[1] == 'Q') bad(at, "a sequence in the file meta information");
       if (h.length == kUndefined || at + h.size + h.length > b_.size()) {
         bad(at, "element " + tag(at) + " " + h.vr + " of " + std::to_string(h.length) +
                     " bytes runs past the end");
@@ -171,6 +191,7 @@ class StructureWalk {
       bad(at, "the meta group's length says it ends at byte " + std::to_string(end) +
                   ", its elements end here");
     }
+    if (at + 4 > b_.size()) bad(at, "no data set after the file meta information");
     return at;
   }
   // Items of a sequence (or fragments of encapsulated pixel data) from `at`: within [at, end)
