@@ -706,6 +706,24 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
   if (spp && *spp != 1 && *spp != 3 && *spp != 4) {
     refuse("Samples per Pixel (0028,0002) is " + std::to_string(*spp) + "; DICOM allows 1, 3 or 4");
   }
+  // Bits Stored above Bits Allocated, or High Bit past Bits Stored (after GDCM's reading of
+  // 0xffff, 0x0fff and 0x00ff as 16, 12 and 8).
+  auto bits = [&](uint16_t e) -> std::optional<int> {
+    auto v = us_value(ds, 0x0028, e);
+    if (v && (*v == 0xffff || *v == 0x0fff || *v == 0x00ff))
+      v = *v == 0xffff ? 16 : *v == 0x0fff ? 12 : 8;
+    return v;
+  };
+  const auto allocated = bits(0x0100), stored = bits(0x0101), high = bits(0x0102);
+  if (!allocated || *allocated == 0) refuse("no Bits Allocated (0028,0100)");
+  if (stored && *stored > *allocated) {
+    refuse("Bits Stored (0028,0101) " + std::to_string(*stored) + " exceeds Bits Allocated " +
+           std::to_string(*allocated));
+  }
+  if (stored && high && *high >= *stored && *stored > 0) {
+    refuse("High Bit (0028,0102) " + std::to_string(*high) + " is not below Bits Stored " +
+           std::to_string(*stored));
+  }
   // The image reader allocates every frame (see kMaxDecodedBytes).
   const double frames =
       std::max(1.0, first_number(element_string(ds, gdcm::Tag(0x0028, 0x0008))).value_or(1.0));
