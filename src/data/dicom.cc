@@ -82,20 +82,35 @@ class StructureWalk {
     std::string syntax;
     if (at + 4 <= b_.size() && u16(at) == 0x0002) at = meta(at, &syntax);
     while (!syntax.empty() && (syntax.back() == '\0' || syntax.back() == ' ')) syntax.pop_back();
+    const bool implicit_le = syntax.empty() ? !looks_explicit(at) : syntax == "1.2.840.10008.1.2";
     const bool explicit_le = syntax.empty() ? looks_explicit(at)
                                             : syntax != "1.2.840.10008.1.2" &&
                                                   syntax != "1.2.840.10008.1.2.2" &&
                                                   syntax != "1.2.840.10008.1.2.1.99";
-    if (explicit_le) elements(at, b_.size(), 0);
+    if (syntax == "1.2.840.10008.1.2.2") {  // explicit VR big endian: the same walk, swapped
+      big_ = true;
+      elements(at, b_.size(), 0);
+    } else if (explicit_le) {
+      elements(at, b_.size(), 0);
+    } else if (implicit_le) {
+      implicit_elements(at, b_.size(), 0);
+    }
   }
 
  private:
   static constexpr uint32_t kUndefined = 0xffffffffu;
   std::span<const uint8_t> b_;
   const std::string& name_;
+  bool big_ = false;  // the data set's numbers (the meta group is always little endian)
 
-  uint16_t u16(size_t p) const { return static_cast<uint16_t>(b_[p] | (b_[p + 1] << 8)); }
-  uint32_t u32(size_t p) const { return static_cast<uint32_t>(u16(p) | (u16(p + 2) << 16)); }
+  uint16_t u16(size_t p) const {
+    return big_ ? static_cast<uint16_t>((b_[p] << 8) | b_[p + 1])
+                : static_cast<uint16_t>(b_[p] | (b_[p + 1] << 8));
+  }
+  uint32_t u32(size_t p) const {
+    return big_ ? static_cast<uint32_t>((u16(p) << 16) | u16(p + 2))
+                : static_cast<uint32_t>(u16(p) | (u16(p + 2) << 16));
+  }
   [[noreturn]] void bad(size_t at, const std::string& what) const {
     COHORT_THROW_AS(DecodeError, name_ << ": malformed DICOM at byte " << at << " of " << b_.size()
                                        << ": " << what);
@@ -220,6 +235,51 @@ class StructureWalk {
       }
     }
     return at;
+  }
+  // Implicit VR little endian: no VR to check, but every length is (GDCM allocates what an
+  // element declares before reading it: fuzz_image saw 3.6 GB asked for). An element of
+  // undefined length holds items (a sequence, or encapsulated pixel data); one of defined length
+  // is skipped whole (whether it is a sequence takes a dictionary).
+  size_t implicit_elements(size_t at, size_t end, int depth, bool item = false) const {
+    if (depth > 16) bad(at, "sequences nested more than 16 deep");
+    while (at < end) {
+      if (at + 8 > end) bad(at, "a truncated element header");
+      if (u16(at) == 0xfffe) {
+        if (item && u16(at + 2) == 0xe00d) return at + 8;
+        bad(at, "an item tag " + tag(at) + " outside a sequence");
+      }
+      const uint32_t length = u32(at + 4);
+      if (length == kUndefined) {
+        at = implicit_items(at + 8, end, depth);
+      } else {
+        if (at + 8 + length > end) {
+          bad(at,
+              "element " + tag(at) + " of " + std::to_string(length) + " bytes runs past the end");
+        }
+        at += 8 + length;
+      }
+    }
+    if (item) bad(at, "an item of undefined length without its delimiter");
+    return at;
+  }
+  size_t implicit_items(size_t at, size_t end, int depth) const {
+    while (true) {
+      if (at + 8 > end) bad(at, "a truncated item");
+      if (u16(at) != 0xfffe) bad(at, "expected an item, found " + tag(at));
+      const uint16_t e = u16(at + 2);
+      const uint32_t length = u32(at + 4);
+      if (e == 0xe0dd) return at + 8;
+      if (e != 0xe000) bad(at, "expected an item, found " + tag(at));
+      at += 8;
+      if (length == kUndefined) {
+        at = implicit_elements(at, end, depth + 1, /*item=*/true);
+      } else {
+        if (at + length > end) {
+          bad(at - 8, "an item of " + std::to_string(length) + " bytes runs past the end");
+        }
+        at += length;
+      }
+    }
   }
   // Elements from `at` to `end` (an item of undefined length: to its delimiter). Returns where
   // they end.
