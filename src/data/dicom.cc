@@ -762,6 +762,20 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
   auto refuse = [&](const std::string& what) {
     COHORT_THROW_AS(DecodeError, name << ": " << what);
   };
+  // GDCM reads these through its typed attributes, which assert that the element's VR is the
+  // dictionary's (US), or unknown (implicit VR): fuzz_image found High Bit as another VR.
+  for (uint16_t e :
+       {0x0002, 0x0005, 0x0006, 0x0010, 0x0011, 0x0012, 0x0100, 0x0101, 0x0102, 0x0103}) {
+    const gdcm::Tag t(0x0028, e);
+    if (!ds.FindDataElement(t)) continue;
+    const gdcm::VR vr = ds.GetDataElement(t).GetVR();
+    if (vr != gdcm::VR::US && vr != gdcm::VR::INVALID && vr != gdcm::VR::UN) {
+      char tag[16];
+      std::snprintf(tag, sizeof tag, "(0028,%04x)", e);
+      refuse(std::string("element ") + tag + " has VR " + gdcm::VR::GetVRString(vr) +
+             " where DICOM says US");
+    }
+  }
   const auto spp = us_value(ds, 0x0028, 0x0002);
   if (spp && *spp != 1 && *spp != 3 && *spp != 4) {
     refuse("Samples per Pixel (0028,0002) is " + std::to_string(*spp) + "; DICOM allows 1, 3 or 4");
