@@ -82,16 +82,30 @@ class StructureWalk {
   void run() {
     size_t at = b_.size() >= 132 && std::memcmp(b_.data() + 128, "DICM", 4) == 0 ? 132 : 0;
     std::string syntax;
-    if (at + 4 <= b_.size() && u16(at) == 0x0002) at = meta(at, &syntax);
+    if (at + 4 <= b_.size() && u16(at) == 0x0002) {
+      at = meta(at, &syntax);
+    } else if (at == 132) {
+      // A preamble with no meta group after it: GDCM then guesses the encoding (fuzz_image: it
+      // chose big endian and allocated a 2.3 GB element), which this walk cannot follow.
+      bad(at, "no file meta information after the DICM preamble");
+    }
     while (!syntax.empty() && (syntax.back() == '\0' || syntax.back() == ' ')) syntax.pop_back();
     const bool implicit_le = syntax.empty() ? !looks_explicit(at) : syntax == "1.2.840.10008.1.2";
     const bool explicit_le = syntax.empty() ? looks_explicit(at)
                                             : syntax != "1.2.840.10008.1.2" &&
                                                   syntax != "1.2.840.10008.1.2.2" &&
                                                   syntax != "1.2.840.10008.1.2.1.99";
-    if (syntax == "1.2.840.10008.1.2.2") {  // explicit VR big endian: the same walk, swapped
+    // No meta group and a first group 0x0008 stored big endian: GDCM reads the file as big
+    // endian (fuzz_image: a 2.3 GB element length read that way).
+    const bool guessed_big =
+        syntax.empty() && at + 2 <= b_.size() && b_[at] == 0x00 && b_[at + 1] == 0x08;
+    if (syntax == "1.2.840.10008.1.2.2" || guessed_big) {  // the same walks, swapped
       big_ = true;
-      elements(at, b_.size(), 0);
+      if (looks_explicit(at)) {
+        elements(at, b_.size(), 0);
+      } else {
+        implicit_elements(at, b_.size(), 0);
+      }
     } else if (explicit_le) {
       elements(at, b_.size(), 0);
     } else if (implicit_le) {
