@@ -814,6 +814,11 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
     }
   };
   slopes(ds, 0);
+  const auto planar = us_value(ds, 0x0028, 0x0006);
+  if (planar && *planar > 1) {
+    refuse("Planar Configuration (0028,0006) is " + std::to_string(*planar) +
+           "; DICOM allows 0 or 1");
+  }
   const auto spp = us_value(ds, 0x0028, 0x0002);
   if (spp && *spp != 1 && *spp != 3 && *spp != 4) {
     refuse("Samples per Pixel (0028,0002) is " + std::to_string(*spp) + "; DICOM allows 1, 3 or 4");
