@@ -67,14 +67,15 @@ void quiet_gdcm() {
   (void)once;
 }
 
-// GDCM asserts, aborting the process, on element headers it cannot parse: fuzz_image found two
-// within minutes (a File Meta Information group length that runs into bytes that are no
-// element; a value representation of two zero bytes in the data set). So before GDCM sees a
-// file, its structure is walked here, every step checked against the file's size: the meta
-// group (0002,xxxx); then, when the data set is explicit VR little endian (what every
-// transfer syntax but implicit VR, big endian and deflate uses), every element, sequence, item
-// and pixel-data fragment, to the end. A file that breaks the structure is refused naming the
-// byte; what this walk cannot follow (a UN of undefined length, implicit VR) is left to GDCM.
+// GDCM asserts, aborting the process, on element headers it cannot read whole, and allocates
+// whatever length an element declares before reading it: fuzz_image found both within minutes
+// (a meta group length that runs into bytes that are no element; a value representation of two
+// zero bytes; 2-3 GB lengths). So before GDCM sees a file, its structure is walked here, every
+// step checked against the file's size: the meta group as GDCM reads it; then the data set,
+// explicit VR (little or big endian: every element, sequence, item and pixel-data fragment) or
+// implicit VR (every length, and the items of undefined-length elements), to the end. A file
+// that breaks the structure is refused naming the byte. Deflated data sets, and the inside of a
+// UN of undefined length, are left to GDCM.
 class StructureWalk {
  public:
   StructureWalk(std::span<const uint8_t> b, const std::string& name) : b_(b), name_(name) {}
