@@ -774,7 +774,7 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
   std::istream in(&buf);
   gdcm::Reader peek;
   peek.SetStream(in);
-  if (!peek.Read()) return;  // the image reader says why
+  if (!peek.Read()) COHORT_THROW_AS(DecodeError, name << ": not a readable DICOM data set");
   const gdcm::DataSet& ds = peek.GetFile().GetDataSet();
   auto refuse = [&](const std::string& what) {
     COHORT_THROW_AS(DecodeError, name << ": " << what);
@@ -1019,6 +1019,12 @@ DicomPixels::DicomPixels(std::span<const uint8_t> bytes, const std::string& name
     *s_ = std::move(*n);
   } else {
     *s_ = decode_with_gdcm(bytes, name);
+  }
+  // No pixels or no size (fuzz_image: a file whose pixels were never found crashed the
+  // windowing on a null pointer).
+  if (s_->format.width <= 0 || s_->format.height <= 0 || s_->pixels() == nullptr) {
+    COHORT_THROW_AS(DecodeError, name << ": no pixel data for a " << s_->format.width << "x"
+                                      << s_->format.height << " image");
   }
 }
 
