@@ -315,6 +315,10 @@ class StructureWalk {
       if (h.length == kUndefined) {
         if (sq || (pixels && depth == 0)) {
           at = items(value, end, false, depth, pixels);
+        } else if (!(h.vr[0] == 'U' && h.vr[1] == 'N')) {
+          // Only a sequence, encapsulated pixel data or a UN may have an undefined length;
+          // GDCM asserts on any other (fuzz_image).
+          bad(at, "element " + tag(at) + " " + h.vr + " of undefined length");
         } else {
           return end;  // (a UN of undefined length: implicit VR inside; GDCM's to read)
         }
