@@ -81,13 +81,6 @@ void flush_lines(std::string& buf, int rank, FILE* to, bool all) {
   std::fflush(to);
 }
 
-double unix_seconds() {
-  return static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count()) /
-         1e6;
-}
-
 void remove_shm_segments(const std::string& token) {
   // Segments are unlinked once both sides attach; this catches a rank that died in between.
   std::string prefix = "cohort-" + token.substr(0, 16);

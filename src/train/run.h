@@ -73,8 +73,6 @@ nlohmann::json bench_json(const BenchTrainOptions& o, const BenchTrainResult& r,
                           const std::vector<double>& ms, const std::vector<double>& per_rank);
 void write_bench_json(const std::string& path, const nlohmann::json& j);
 
-double unix_seconds();
-
 // Shared by cohort train and cohort bench train.
 void default_threads(int asked, const comm::JobEnv& job);
 std::string apply_precision(Precision p);  // sets the compute type; says what runs in what

@@ -4,24 +4,17 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <thread>
 
+#include "cohort/core/clock.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/nn/layers.h"
 #include "run.h"
 
 namespace cohort::train {
-
-double unix_seconds() {
-  return static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count()) /
-         1e6;
-}
 
 namespace {
 
