@@ -9,7 +9,8 @@ set -uo pipefail
 bin=${COHORT_BIN:?COHORT_BIN names the cohort binary}
 dir=$(mktemp -d /tmp/cohort-restart.XXXXXX)
 lpid=
-trap '[ -n "$lpid" ] && kill -9 $lpid 2>/dev/null; rm -rf "$dir"' EXIT
+# On a failure: the launcher (timeout's child) first, whose ranks die with it (PDEATHSIG).
+trap '[ -n "$lpid" ] && { pkill -9 -P $lpid; kill -9 $lpid; } 2>/dev/null; rm -rf "$dir"' EXIT
 fail() {
   echo "FAIL: $*"
   exit 1
