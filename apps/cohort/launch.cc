@@ -1,8 +1,8 @@
-// `cohort launch`: starts the local ranks of a job (torchrun-compatible environment), hosts the
-// rendezvous store on node 0, prefixes their output with the rank, forwards SIGINT/SIGTERM, and
-// tears the job down as soon as one rank fails, naming it; with --max-restarts, starts every
-// rank again in a new generation (a new store and job token, so that nothing of the old one is
-// accepted), up to N times.
+// `cohort launch`: starts the local ranks of a job (torchrun-compatible environment), prefixes
+// their output with the rank, forwards SIGINT/SIGTERM, and tears the job down as soon as one rank
+// fails, naming it; with --max-restarts, starts every rank again in a new generation (a new store
+// and job token, so that nothing of the old one is accepted), up to N times, on every node that
+// joins it (--nnodes MIN:MAX; the rendezvous is rendezvous.cc's).
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -25,6 +25,7 @@
 #include "cohort/core/clock.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "rendezvous.h"
 #include "verbs.h"
 
 namespace cohort::cli {
@@ -100,8 +101,10 @@ void remove_shm_segments(const std::string& token) {
 Run add_launch(CLI::App& app) {
   struct Opts {
     int nproc = 1;
-    int nnodes = 1;
+    std::string nnodes = "1";
     int node_rank = 0;
+    double last_call = 5;
+    double rdzv_timeout = 300;
     std::string master;
     std::string job_id;
     double grace = 5.0;
@@ -113,8 +116,16 @@ Run add_launch(CLI::App& app) {
   app.add_option("--nproc-per-node", o->nproc, "Ranks to start on this node")
       ->required()
       ->check(CLI::Range(1, 1024));
-  app.add_option("--nnodes", o->nnodes, "Nodes in the job")->check(CLI::Range(1, 65536));
-  app.add_option("--node-rank", o->node_rank, "This node's index, 0..nnodes-1");
+  app.add_option("--nnodes", o->nnodes,
+                 "Nodes in the job: N, or MIN:MAX for a job that carries on with MIN to MAX "
+                 "nodes across restarts");
+  app.add_option("--node-rank", o->node_rank,
+                 "This node's index, 0..MAX-1 (node 0 hosts the rendezvous store); under "
+                 "MIN:MAX a generation numbers its nodes in this order");
+  app.add_option("--rdzv-last-call", o->last_call,
+                 "Seconds a generation waits for more nodes once MIN have joined");
+  app.add_option("--rdzv-timeout", o->rdzv_timeout,
+                 "Seconds to wait for MIN nodes, or for node 0's store to answer");
   app.add_option("--master", o->master,
                  "HOST:PORT of node 0's rendezvous store (default 127.0.0.1 and a free port on "
                  "one node; required with --nnodes > 1)");
@@ -125,7 +136,7 @@ Run add_launch(CLI::App& app) {
   app.add_option("--max-restarts", o->max_restarts,
                  "When a rank fails, stop the others and start every rank again, up to N times "
                  "(COHORT_RESTART_COUNT tells the ranks; cohort train then resumes from its "
-                 "--checkpoint-dir); one node")
+                 "--checkpoint-dir)")
       ->check(CLI::Range(0, 1000));
   app.add_option("--bind", o->bind,
                  "Give each local rank its own share of the cores: core, none, or auto (core "
@@ -135,29 +146,51 @@ Run add_launch(CLI::App& app) {
   app.prefix_command();
 
   return [o]() -> int {
-    if (o->node_rank < 0 || o->node_rank >= o->nnodes) {
-      COHORT_THROW("--node-rank " << o->node_rank << " is outside 0.." << o->nnodes - 1);
+    int min_nodes = 0, max_nodes = 0;
+    {
+      const size_t colon = o->nnodes.find(':');
+      try {
+        size_t used = 0;
+        min_nodes = std::stoi(o->nnodes.substr(0, colon), &used);
+        COHORT_CHECK(used == (colon == std::string::npos ? o->nnodes.size() : colon), "");
+        max_nodes = min_nodes;
+        if (colon != std::string::npos) {
+          max_nodes = std::stoi(o->nnodes.substr(colon + 1), &used);
+          COHORT_CHECK(used == o->nnodes.size() - colon - 1, "");
+        }
+      } catch (const std::exception&) {
+        COHORT_THROW("--nnodes '" << o->nnodes << "': expected N or MIN:MAX");
+      }
+      COHORT_CHECK(min_nodes >= 1 && min_nodes <= max_nodes && max_nodes <= 65536,
+                   "--nnodes '" << o->nnodes << "': expected 1 <= MIN <= MAX");
     }
-    if (o->nnodes > 1 && o->master.empty()) {
+    if (o->node_rank < 0 || o->node_rank >= max_nodes) {
+      COHORT_THROW("--node-rank " << o->node_rank << " is outside 0.." << max_nodes - 1);
+    }
+    if (max_nodes > 1 && o->master.empty()) {
       COHORT_THROW("--nnodes " << o->nnodes << " needs --master HOST:PORT (node 0's address)");
     }
     std::string token = o->job_id;
     if (token.empty()) token = env::get_or("COHORT_JOB_TOKEN", "");
     if (token.empty()) {
-      if (o->nnodes > 1)
-        COHORT_THROW("--nnodes > 1 needs --job-id (or COHORT_JOB_TOKEN), the same on every node");
+      if (max_nodes > 1)
+        COHORT_THROW(
+            "--nnodes " << o->nnodes
+                        << " needs --job-id (or COHORT_JOB_TOKEN), the same on every node");
       token = random_hex(24);
     }
     for (char& c : token) {
       if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
     }
-    COHORT_CHECK(o->max_restarts == 0 || o->nnodes == 1,
-                 "--max-restarts with --nnodes " << o->nnodes
-                                                 << ": restarts across nodes are not built yet "
-                                                    "(one node restarts its ranks alone)");
-    const comm::Endpoint asked =
+    RendezvousOptions ro;
+    ro.master =
         o->master.empty() ? comm::Endpoint{"127.0.0.1", 0} : comm::parse_endpoint(o->master, 29500);
-    const int world = o->nnodes * o->nproc;
+    ro.token = token;
+    ro.node_id = o->node_rank;
+    ro.min_nodes = min_nodes;
+    ro.max_nodes = max_nodes;
+    ro.last_call = o->last_call;
+    ro.timeout = o->rdzv_timeout;
 
     struct sigaction sa {};
     sa.sa_handler = on_signal;
@@ -165,6 +198,7 @@ Run add_launch(CLI::App& app) {
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
     signal(SIGPIPE, SIG_IGN);
+    Rendezvous rdzv(ro);
 
     // Spinning ranks that share a core slow each other down by orders of magnitude, and the
     // scheduler does not reliably keep them apart: pin them, as mpirun does.
@@ -180,27 +214,16 @@ Run add_launch(CLI::App& app) {
     const bool bind = o->bind == "core" || (o->bind == "auto" && !cpus.empty() &&
                                             o->nproc <= static_cast<int>(cpus.size()));
 
-    // One generation: a store, the ranks, their supervision until all have ended. Returns the
-    // exit code; `failure` says which ranks failed and how, `interrupted` whether a signal
-    // stopped the job (no restart then).
-    auto run_generation = [&](int gen, const std::string& token, std::string& failure,
-                              bool& interrupted, double failed_at, double& detected_at) -> int {
-      comm::Endpoint master = asked;
-      std::unique_ptr<comm::StoreServer> server;
-      if (o->node_rank == 0) {
-        bool loop = master.host.rfind("127.", 0) == 0 || master.host == "localhost";
-        server =
-            std::make_unique<comm::StoreServer>(loop ? master.host : "0.0.0.0", master.port, token);
-        master.port = server->port();
-      }
-      // The port for PyTorch's own TCPStore (MASTER_PORT): on one node a free one; across nodes,
-      // which must agree without asking, the store's port + 1.
-      uint16_t torch_port = static_cast<uint16_t>(master.port + 1);
-      if (o->nnodes == 1) torch_port = comm::local_port(comm::listen_tcp(master.host, 0));
+    // One generation: this node's ranks, their supervision until all have ended. Returns the
+    // exit code; `failure` says which ranks failed and how (here or on another node),
+    // `interrupted` whether a signal stopped the job (no restart then).
+    auto run_generation = [&](const Generation& g, std::string& failure, bool& interrupted,
+                              double failed_at, double& detected_at) -> int {
+      const int world = static_cast<int>(g.members.size()) * o->nproc;
       std::vector<Child> kids(static_cast<size_t>(o->nproc));
       for (int lr = 0; lr < o->nproc; ++lr) {
         Child& c = kids[static_cast<size_t>(lr)];
-        c.rank = o->node_rank * o->nproc + lr;
+        c.rank = g.node_rank * o->nproc + lr;
         int out[2], err[2];
         if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
           COHORT_THROW("pipe: " << errno_string(errno));
@@ -217,20 +240,22 @@ Run add_launch(CLI::App& app) {
           setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
           setenv("LOCAL_RANK", std::to_string(lr).c_str(), 1);
           setenv("LOCAL_WORLD_SIZE", std::to_string(o->nproc).c_str(), 1);
-          setenv("GROUP_RANK", std::to_string(o->node_rank).c_str(), 1);
-          setenv("MASTER_ADDR", master.host.c_str(), 1);
-          // Cohort's ranks reach the launcher's store on COHORT_STORE_PORT; MASTER_PORT is left
-          // to PyTorch's own TCPStore (its rank 0 binds it) for torch scripts.
-          setenv("COHORT_STORE_PORT", std::to_string(master.port).c_str(), 1);
-          setenv("MASTER_PORT", std::to_string(torch_port).c_str(), 1);
-          setenv("COHORT_JOB_TOKEN", token.c_str(), 1);
+          setenv("GROUP_RANK", std::to_string(g.node_rank).c_str(), 1);
+          setenv("MASTER_ADDR", g.store.host.c_str(), 1);
+          // Cohort's ranks reach the generation's store on COHORT_STORE_PORT; MASTER_PORT is
+          // left to PyTorch's own TCPStore (its rank 0 binds it) for torch scripts.
+          setenv("COHORT_STORE_PORT", std::to_string(g.store.port).c_str(), 1);
+          setenv("MASTER_PORT", std::to_string(g.torch_port).c_str(), 1);
+          setenv("COHORT_JOB_TOKEN", g.token.c_str(), 1);
           setenv("COHORT_STORE_EXTERNAL", "1", 1);
           // The generation, as torchrun tells it, and when the previous one failed (unix
           // seconds), for the time a restart lost.
-          setenv("COHORT_RESTART_COUNT", std::to_string(gen).c_str(), 1);
-          setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(gen).c_str(), 1);
+          setenv("COHORT_RESTART_COUNT", std::to_string(g.number).c_str(), 1);
+          setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(g.number).c_str(), 1);
           setenv("TORCHELASTIC_MAX_RESTARTS", std::to_string(o->max_restarts).c_str(), 1);
-          if (gen > 0) setenv("COHORT_RESTART_FAILED_AT", std::to_string(failed_at).c_str(), 1);
+          if (g.number > 0) {
+            setenv("COHORT_RESTART_FAILED_AT", std::to_string(failed_at).c_str(), 1);
+          }
           if (o->nproc > 1) setenv("OMP_NUM_THREADS", "1", 0);
           if (bind && !cpus.empty()) {  // an equal, disjoint share of the cores per rank
             const size_t share = std::max<size_t>(1, cpus.size() / static_cast<size_t>(o->nproc));
@@ -258,11 +283,19 @@ Run add_launch(CLI::App& app) {
 
       int exit_code = 0;
       bool stopping = false;
-      Clock::time_point stop_at{};
+      Clock::time_point stop_at{}, polled = Clock::now();
       auto stop_all = [&](int sig) {
         for (auto& c : kids) {
-          if (!c.exited) ::kill(c.pid, sig);
+          if (c.exited) continue;
+          ::kill(c.pid, sig);
+          if (sig == SIGTERM) ::kill(c.pid, SIGCONT);  // a stopped rank, to take its SIGTERM
         }
+      };
+      // The failure recorded by whichever node saw it first: "<unix seconds> <what>".
+      auto take_failure = [&](const std::string& recorded) {
+        const size_t sp = recorded.find(' ');
+        detected_at = std::stod(recorded.substr(0, sp));
+        failure = recorded.substr(sp + 1);
       };
       while (true) {
         std::vector<pollfd> fds;
@@ -306,22 +339,37 @@ Run add_launch(CLI::App& app) {
         if (!failed.empty() && !stopping) {
           std::stable_partition(failed.begin(), failed.end(),
                                 [](const Child* c) { return WIFSIGNALED(c->status); });
+          std::string what;
           for (const Child* c : failed) {
-            failure += std::string(failure.empty() ? "" : "; ") + "rank " +
-                       std::to_string(c->rank) + " (pid " + std::to_string(c->pid) + ") " +
-                       describe_status(c->status);
+            what += std::string(what.empty() ? "" : "; ") + "rank " + std::to_string(c->rank) +
+                    " (pid " + std::to_string(c->pid) + ") " + describe_status(c->status);
           }
+          if (rdzv.multi_node()) what = "node " + std::to_string(o->node_rank) + ": " + what;
+          // Another node may have seen the job's first failure already: that one is the cause.
+          take_failure(rdzv.report_failure(g, what, WIFSIGNALED(failed.front()->status)));
           std::fprintf(stderr, "cohort launch: %s; stopping the other ranks\n", failure.c_str());
-          detected_at = unix_seconds();
           exit_code = 1;
           stopping = true;
           stop_at = Clock::now();
           stop_all(SIGTERM);
         }
+        if (!stopping && rdzv.multi_node() && seconds_since(polled) > 0.2) {
+          polled = Clock::now();
+          if (auto f = rdzv.failure(g)) {
+            take_failure(*f);
+            std::fprintf(stderr, "cohort launch: %s; stopping this node's ranks\n",
+                         failure.c_str());
+            exit_code = 1;
+            stopping = true;
+            stop_at = Clock::now();
+            stop_all(SIGTERM);
+          }
+        }
         if (g_signal && !stopping) {
           std::fprintf(stderr, "cohort launch: got signal %d, forwarding to ranks\n",
                        int(g_signal));
           failure = "interrupted by signal " + std::to_string(g_signal);
+          rdzv.report_failure(g, "node " + std::to_string(o->node_rank) + ": " + failure, false);
           interrupted = true;
           exit_code = 128 + g_signal;
           stopping = true;
@@ -339,21 +387,64 @@ Run add_launch(CLI::App& app) {
         }
         if (all_done) break;
       }
-      remove_shm_segments(token);
+      remove_shm_segments(g.token);
+      if (exit_code != 0 && !interrupted) {
+        if (auto c = rdzv.cause(g)) take_failure(*c);  // the other nodes' reports are in by now
+      }
       return exit_code;
     };
 
     // Generations: the first, then one per restart while a rank fails and restarts are left.
-    // Each has a token of its own (a straggler of the previous one is refused by the new
-    // store); the first keeps the job's.
     double failed_at = 0;
+    std::vector<int> members;
     for (int gen = 0;; ++gen) {
-      const std::string gen_token = gen == 0 ? token : "g" + std::to_string(gen) + "x" + token;
+      std::optional<Generation> g = rdzv.join(gen);
+      if (!g) {
+        std::fprintf(
+            stderr,
+            "cohort launch: node %d: the job ended (%s) before a generation took this node\n",
+            o->node_rank, rdzv.ended().c_str());
+        return rdzv.ended() == "ok" ? 0 : 1;
+      }
+      gen = g->number;
+      if (rdzv.multi_node()) {
+        std::string left, joined;
+        for (int id : members) {
+          if (std::find(g->members.begin(), g->members.end(), id) == g->members.end())
+            left += (left.empty() ? "" : ",") + std::to_string(id);
+        }
+        for (int id : g->members) {
+          if (!members.empty() && std::find(members.begin(), members.end(), id) == members.end())
+            joined += (joined.empty() ? "" : ",") + std::to_string(id);
+        }
+        std::string ids;
+        for (int id : g->members) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+        std::fprintf(stderr,
+                     "cohort launch: generation %d: nodes %s (%zu of %d..%d, %zu ranks)%s%s; this "
+                     "is node %d, node rank %d\n",
+                     gen, ids.c_str(), g->members.size(), min_nodes, max_nodes,
+                     g->members.size() * static_cast<size_t>(o->nproc),
+                     left.empty() ? "" : ("; node(s) " + left + " left").c_str(),
+                     joined.empty() ? "" : ("; node(s) " + joined + " joined").c_str(),
+                     o->node_rank, g->node_rank);
+        members = g->members;
+      }
       std::string failure;
       bool interrupted = false;
       double detected_at = 0;
-      const int code = run_generation(gen, gen_token, failure, interrupted, failed_at, detected_at);
-      if (code == 0) return 0;
+      int code = run_generation(*g, failure, interrupted, failed_at, detected_at);
+      if (code == 0) {
+        // Every rank here ended well; the job is done once every node's did.
+        if (auto f = rdzv.finish(*g, o->grace + o->rdzv_timeout)) {
+          const size_t sp = f->find(' ');
+          detected_at = std::stod(f->substr(0, sp));
+          failure = f->substr(sp + 1);
+          code = 1;
+        } else {
+          rdzv.close_job(true, "");
+          return 0;
+        }
+      }
       if (interrupted || gen >= o->max_restarts) {
         std::fprintf(stderr, "cohort launch: job failed: %s%s\n", failure.c_str(),
                      o->max_restarts > 0 && !interrupted
@@ -361,6 +452,7 @@ Run add_launch(CLI::App& app) {
                             std::to_string(o->max_restarts) + ")")
                                .c_str()
                          : "");
+        rdzv.close_job(false, failure);
         return code;
       }
       failed_at = detected_at;

@@ -80,7 +80,8 @@ Pipeline::Pipeline(std::shared_ptr<const Source> source, PipelineOptions opt)
     : source_(std::move(source)),
       opt_(std::move(opt)),
       sampler_(source_->size(), opt_.world, opt_.rank,
-               SamplerOptions{opt_.seed, opt_.shuffle, opt_.drop_last}) {
+               SamplerOptions{opt_.seed, opt_.shuffle, opt_.drop_last, opt_.sampler_groups,
+                              static_cast<size_t>(opt_.batch)}) {
   COHORT_CHECK(opt_.batch >= 1, "batch " << opt_.batch);
   COHORT_CHECK(opt_.workers >= 1 && opt_.workers <= 256, "workers " << opt_.workers);
   COHORT_CHECK(opt_.prefetch >= 1 && opt_.prefetch <= 64, "prefetch " << opt_.prefetch);

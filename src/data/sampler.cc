@@ -11,7 +11,9 @@ Sampler::Sampler(size_t dataset_size, int world, int rank, SamplerOptions opt)
     : n_(dataset_size), world_(world), rank_(rank), opt_(opt) {
   COHORT_CHECK(world >= 1 && rank >= 0 && rank < world, "rank " << rank << " of world " << world);
   COHORT_CHECK(dataset_size > 0, "the data set is empty");
-  const size_t w = static_cast<size_t>(world);
+  COHORT_CHECK(opt_.groups >= 1 && (opt_.groups == 1 || opt_.batch > 0),
+               "sampler groups " << opt_.groups << " with batch " << opt_.batch);
+  const size_t w = static_cast<size_t>(world) * static_cast<size_t>(opt_.groups);
   if (opt_.drop_last) {
     total_ = n_ / w * w;
     COHORT_CHECK(total_ > 0,
@@ -37,6 +39,23 @@ std::vector<size_t> Sampler::indices(uint64_t epoch, size_t from) const {
   COHORT_CHECK(from <= total_,
                "resume position " << from << " is past the epoch's " << total_ << " samples");
   std::vector<size_t> order = global_order(epoch);
+  if (opt_.groups > 1) {
+    // Virtual rank v = g*rank + k takes positions from + v + V*t; batch c of each in turn.
+    const size_t g = static_cast<size_t>(opt_.groups), V = static_cast<size_t>(world_) * g;
+    const size_t per_virtual = (total_ - from + V - 1) / V, b = opt_.batch;
+    std::vector<size_t> mine;
+    mine.reserve(per_virtual * g);
+    for (size_t c = 0; c * b < per_virtual; ++c) {
+      for (size_t k = 0; k < g; ++k) {
+        const size_t v = static_cast<size_t>(rank_) * g + k;
+        for (size_t t = c * b; t < std::min(per_virtual, (c + 1) * b); ++t) {
+          const size_t p = from + v + V * t;
+          mine.push_back(order[p < total_ ? p : p - total_]);
+        }
+      }
+    }
+    return mine;
+  }
   const size_t w = static_cast<size_t>(world_);
   // Positions are dealt round-robin from `from`; a remainder that does not divide by the world
   // size (after a resume with another world size) is padded from the epoch's start.

@@ -81,6 +81,18 @@ nlohmann::json read_index(const std::string& dir) {
   return j;
 }
 
+RunPosition position_of(const nlohmann::json& index) {
+  RunPosition pos;
+  pos.step = index["step"].get<int64_t>();
+  pos.epoch = index["epoch"].get<int64_t>();
+  pos.position = index["position"].get<uint64_t>();
+  pos.seed = index["seed"].get<uint64_t>();
+  pos.world = index["world"].get<int>();
+  pos.mode = index["mode"].get<std::string>();
+  pos.global_batch = index.value("global_batch", int64_t{0});
+  return pos;
+}
+
 // Each file of the index, read and checked against its own CRC and the index's.
 nn::SafeTensors read_file(const std::string& dir, const nlohmann::json& f) {
   const std::string path = dir + "/" + f.at("path").get<std::string>();
@@ -185,6 +197,7 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
                             {"position", pos.position},
                             {"seed", pos.seed},
                             {"world", pos.world},
+                            {"global_batch", pos.global_batch},
                             {"mode", pos.mode},
                             {"optim_steps", opt.steps()},
                             {"optim_state", states},
@@ -288,14 +301,12 @@ RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer*
   COHORT_CHECK(buffers_found == m.buffers().size(),
                path << ": " << buffers_found << " of " << m.buffers().size() << " buffers found");
   if (opt) opt->set_steps(index["optim_steps"].get<int64_t>());
-  RunPosition pos;
-  pos.step = index["step"].get<int64_t>();
-  pos.epoch = index["epoch"].get<int64_t>();
-  pos.position = index["position"].get<uint64_t>();
-  pos.seed = index["seed"].get<uint64_t>();
-  pos.world = index["world"].get<int>();
-  pos.mode = index["mode"].get<std::string>();
-  return pos;
+  return position_of(index);
+}
+
+RunPosition read_checkpoint_position(const std::string& dir) {
+  const nlohmann::json index = read_index(dir);
+  return position_of(index);
 }
 
 void save_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "cohort/core/clock.h"
@@ -143,10 +144,11 @@ std::string apply_precision(Precision p) {
          (f16 ? " (dynamic loss scaling still applies)" : "");
 }
 
-Run set_up(const TrainConfig& c) {
-  COHORT_CHECK(!c.data.empty(), "cohort train needs --data (or 'data' in the config file)");
+Run set_up(const TrainConfig& config) {
+  COHORT_CHECK(!config.data.empty(), "cohort train needs --data (or 'data' in the config file)");
   Run r;
-  r.c = c;
+  r.c = config;
+  const TrainConfig& c = r.c;  // a restart on another world may raise its accumulation
   const double started_at = unix_seconds();
   r.job = comm::detect_job_env();
   const bool piped = c.pipeline_stages > 0;
@@ -190,8 +192,70 @@ Run set_up(const TrainConfig& c) {
   if (r.classes == 0) {
     r.classes = std::max({mx + 1, 2, static_cast<int>(r.class_names.size())});
   }
-  r.train =
-      std::make_unique<data::Pipeline>(r.source, pipeline_options(c, true, data_world, data_rank));
+  // Restarted by `cohort launch --max-restarts` (or torchrun): continue from the run's own
+  // checkpoint, when it wrote one before the failure. With fewer (or more) ranks than the run
+  // that wrote it, the global batch is kept by changing the accumulation, where it divides.
+  std::string resume = c.resume;
+  const std::string generation = env::get_or("COHORT_RESTART_COUNT", "0");
+  std::string batch_change;
+  int sampler_groups = 1;
+  if (generation != "0") {
+    const bool have = !c.checkpoint_dir.empty() &&
+                      std::filesystem::exists(dist::checkpoint_index(c.checkpoint_dir));
+    if (resume.empty() && have) resume = c.checkpoint_dir;
+    const std::string failed = env::get_or("COHORT_RESTART_FAILED_AT", "");
+    r.restart = {{"generation", std::stoi(generation)},
+                 {"failed_at", failed.empty() ? 0.0 : std::stod(failed)},
+                 {"started_at", started_at},
+                 {"set_up_at", 0.0},
+                 {"resumed_from", resume},
+                 {"world", r.job.world}};
+    r.say("train: restart: generation %s, %d rank(s), %s\n", generation.c_str(), r.job.world,
+          resume.empty() ? "no checkpoint to resume from (--checkpoint-dir), starting over"
+                         : ("resuming from " + resume).c_str());
+    if (!resume.empty()) {
+      const dist::RunPosition saved = dist::read_checkpoint_position(resume);
+      const int64_t per_micro = int64_t{c.batch} * data_world;
+      const int64_t now = per_micro * c.accum_steps;
+      r.restart["saved_world"] = saved.world;
+      if (saved.global_batch > 0 && saved.global_batch != now) {
+        const int saved_data_world =
+            piped ? saved.world / c.pipeline_stages : saved.world;  // same stages on resume
+        const int64_t saved_accum =
+            std::max<int64_t>(1, saved.global_batch / (int64_t{c.batch} * saved_data_world));
+        std::ostringstream what;
+        what << "world " << saved.world << " -> " << r.job.world << ": ";
+        if (saved.global_batch % per_micro == 0) {
+          const int accum = static_cast<int>(saved.global_batch / per_micro);
+          what << "accumulation " << c.accum_steps << " -> " << accum
+               << " keeps the global batch of " << saved.global_batch;
+          r.c.accum_steps = accum;
+          if (saved_data_world > data_world && saved_data_world % data_world == 0 &&
+              accum == saved_accum * (saved_data_world / data_world)) {
+            // Each rank takes the batches of saved/now ranks of the old world in turn: every
+            // step sees the old run's micro-batches (BatchNorm included).
+            sampler_groups = accum / saved_accum;
+            what << "; each rank takes the batches of " << sampler_groups
+                 << " ranks of the old world in turn";
+          }
+        } else {
+          const int accum = static_cast<int>(
+              std::max<int64_t>(1, (saved.global_batch + per_micro / 2) / per_micro));
+          what << "the global batch of " << saved.global_batch << " is not a multiple of batch "
+               << c.batch << " x " << data_world << " ranks; it becomes " << per_micro * accum
+               << " (accumulation " << c.accum_steps << " -> " << accum << ")";
+          r.c.accum_steps = accum;
+        }
+        batch_change = what.str();
+        r.restart["accum_steps"] = c.accum_steps;
+        r.say("train: restart: %s\n", batch_change.c_str());
+      }
+    }
+  }
+
+  data::PipelineOptions train_po = pipeline_options(c, true, data_world, data_rank);
+  train_po.sampler_groups = sampler_groups;
+  r.train = std::make_unique<data::Pipeline>(r.source, train_po);
   if (!c.val.empty()) {
     r.val = std::make_unique<data::Pipeline>(data::open_source(c.val),
                                              pipeline_options(c, false, r.job.world, r.job.rank));
@@ -289,24 +353,6 @@ Run set_up(const TrainConfig& c) {
   r.sched.total_steps = r.per_epoch * c.epochs;
   r.sched.step_every = int64_t{c.step_epochs} * r.per_epoch;
 
-  // Restarted by `cohort launch --max-restarts` (or torchrun): continue from the run's own
-  // checkpoint, when it wrote one before the failure.
-  std::string resume = c.resume;
-  const std::string generation = env::get_or("COHORT_RESTART_COUNT", "0");
-  if (generation != "0") {
-    const bool have = !c.checkpoint_dir.empty() &&
-                      std::filesystem::exists(dist::checkpoint_index(c.checkpoint_dir));
-    if (resume.empty() && have) resume = c.checkpoint_dir;
-    const std::string failed = env::get_or("COHORT_RESTART_FAILED_AT", "");
-    r.restart = {{"generation", std::stoi(generation)},
-                 {"failed_at", failed.empty() ? 0.0 : std::stod(failed)},
-                 {"started_at", started_at},
-                 {"set_up_at", 0.0},
-                 {"resumed_from", resume}};
-    r.say("train: restart: generation %s, %s\n", generation.c_str(),
-          resume.empty() ? "no checkpoint to resume from (--checkpoint-dir), starting over"
-                         : ("resuming from " + resume).c_str());
-  }
   r.pos.seed = c.seed;
   if (!resume.empty()) {
     r.pos = dist::load_checkpoint(resume, *r.model, r.opt.get(), r.target);
@@ -314,14 +360,27 @@ Run set_up(const TrainConfig& c) {
     if (r.pipe) r.pipe->after_step();
     COHORT_CHECK(r.pos.seed == c.seed,
                  resume << ": checkpoint seed " << r.pos.seed << ", this run's " << c.seed);
-    COHORT_CHECK(r.pos.position % static_cast<uint64_t>(r.global_batch) == 0,
-                 resume << ": position " << r.pos.position
-                        << " is not a whole number of global batches of " << r.global_batch);
+    const uint64_t gb = static_cast<uint64_t>(r.global_batch);
+    if (r.pos.position % gb != 0 && !batch_change.empty()) {
+      // The global batch changed: the epoch goes on from the last whole new batch.
+      const uint64_t from = r.pos.position - r.pos.position % gb;
+      r.say(
+          "train: restart: samples %llu..%llu of epoch %lld are trained on again (the new "
+          "global batch of %lld does not divide position %llu)\n",
+          static_cast<unsigned long long>(from),
+          static_cast<unsigned long long>(r.pos.position - 1), static_cast<long long>(r.pos.epoch),
+          static_cast<long long>(r.global_batch), static_cast<unsigned long long>(r.pos.position));
+      r.pos.position = from;
+    }
+    COHORT_CHECK(r.pos.position % gb == 0, resume << ": position " << r.pos.position
+                                                  << " is not a whole number of global batches of "
+                                                  << r.global_batch);
     r.say("train: resumed from %s at step %lld (epoch %lld, sample %llu)\n", resume.c_str(),
           static_cast<long long>(r.pos.step), static_cast<long long>(r.pos.epoch),
           static_cast<unsigned long long>(r.pos.position));
   }
   r.pos.world = r.job.world;  // this run's checkpoints record this run's world and mode
+  r.pos.global_batch = r.global_batch;
   r.pos.mode =
       piped ? "pipeline-" + std::to_string(c.pipeline_stages) + "x" + std::to_string(data_world)
             : dist::shard_name(c.shard);

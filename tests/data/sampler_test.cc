@@ -82,3 +82,30 @@ TEST(Sampler, ResumeContinuesTheGlobalSequenceWithAnyWorldSize) {
   }
   EXPECT_THROW(Sampler(10, 1, 0).indices(0, 11), cohort::Error);
 }
+
+// A run restarted on 2 ranks with twice the accumulation stands each rank in for 2 ranks of the
+// old 4-rank world: step by step, its micro-batches are the old ranks' batches, from the start
+// of the epoch and from a resume position.
+TEST(Sampler, GroupsReplayTheBatchesOfALargerWorld) {
+  const size_t n = 100, batch = 3;
+  for (size_t from : {size_t{0}, size_t{24}}) {
+    std::vector<std::vector<size_t>> old(4);
+    for (int r = 0; r < 4; ++r) old[r] = Sampler(n, 4, r, {7, true, false}).indices(2, from);
+    for (int r = 0; r < 2; ++r) {
+      const auto mine = Sampler(n, 2, r, {7, true, false, 2, batch}).indices(2, from);
+      ASSERT_EQ(mine.size(), old[2 * r].size() + old[2 * r + 1].size()) << "from " << from;
+      size_t at = 0;
+      for (size_t c = 0; c * batch < old[0].size(); ++c) {
+        for (int k = 0; k < 2; ++k) {
+          const auto& o = old[2 * r + k];
+          for (size_t t = c * batch; t < std::min(o.size(), (c + 1) * batch); ++t) {
+            EXPECT_EQ(mine[at++], o[t]) << "rank " << r << " batch " << c << " of old rank "
+                                        << 2 * r + k << ", from " << from;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(Sampler(n, 2, 0, {7, true, false, 2, batch}).per_rank(),
+              2 * Sampler(n, 4, 0, {7, true, false}).per_rank());
+  }
+}

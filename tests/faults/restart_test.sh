@@ -42,7 +42,7 @@ out=$(cat "$dir/out.txt")
 [ $code -eq 0 ] || fail "exit $code after the restart: $(tail -8 <<< "$out")"
 grep -q "cohort launch: restart 1 of 2 (generation 1): rank [01] (pid $victim) was killed by signal 9" <<< "$out" ||
   fail "the launcher does not state the restart and whom it lost: $(grep 'cohort launch' <<< "$out")"
-grep -q "train: restart: generation 1, resuming from $dir/ck" <<< "$out" ||
+grep -q "train: restart: generation 1, 2 rank(s), resuming from $dir/ck" <<< "$out" ||
   fail "the run does not say it resumes: $(grep -m3 'restart' <<< "$out")"
 grep -q "train: resumed from $dir/ck at step [1-9]" <<< "$out" || fail "no resume from the checkpoint"
 grep -q "train: restart: generation 1 resumed at step [0-9]*; [0-9.]* s from the failure" <<< "$out" ||

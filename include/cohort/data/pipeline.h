@@ -49,6 +49,7 @@ struct PipelineOptions {
   std::optional<Window> window;  // DICOM: overrides the files' window center/width
   int world = 1, rank = 0;
   bool shuffle = true, drop_last = false;
+  int sampler_groups = 1;  // ranks of a larger world this rank stands in for (SamplerOptions)
 };
 
 struct Batch {

@@ -2,6 +2,9 @@
 // r takes global positions r, r + world, ...; the order is padded (repeating its start) or cut
 // (drop_last) so every rank has the same count. Positions are global, so a run can resume from
 // any (epoch, global position), with any world size, and continue the same global sequence.
+// With `groups` g > 1 a rank stands in for g ranks of a world g times larger (ranks g*r ..
+// g*r+g-1), taking one batch of each in turn: a run restarted on fewer ranks with g times the
+// accumulation then sees the very micro-batches of the larger world, step by step.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +17,8 @@ struct SamplerOptions {
   uint64_t seed = 0;
   bool shuffle = true;
   bool drop_last = false;
+  int groups = 1;    // ranks of the larger world this rank stands in for
+  size_t batch = 0;  // their batch (needed when groups > 1)
 };
 
 class Sampler {

@@ -30,6 +30,7 @@ struct RunPosition {
   uint64_t seed = 0;
   int world = 1;
   std::string mode = "none";  // the --shard mode that wrote it
+  int64_t global_batch = 0;   // samples per step of the run that wrote it (0: not recorded)
 };
 
 // Collective over `world` (null: this process alone). `t` is what this rank's optimiser
@@ -47,6 +48,8 @@ void save_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt,
 RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt);
 
 std::string checkpoint_index(const std::string& dir);  // DIR/checkpoint.json
+// The position alone, from the index (a restarted run decides its accumulation from it).
+RunPosition read_checkpoint_position(const std::string& dir);
 // `cohort checkpoint inspect`: step, world, mode, files, and every tensor with its size.
 std::string describe_checkpoint(const std::string& dir);
 // `cohort checkpoint consolidate`: the whole model's weights under torchvision's names.

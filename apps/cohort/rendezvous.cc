@@ -1,0 +1,299 @@
+// The launchers' rendezvous across nodes and generations (see rendezvous.h). Keys in node 0's
+// agent store:
+//   open            the newest generation node 0 has opened
+//   g<N>/joined     the node ids that asked to join N, comma-separated (appended by compare_set)
+//   g<N>/layout     "<rank store port> <torch port> <id>,<id>,..." once N has formed
+//   g<N>/failed     "<unix seconds> <what>": the generation's first failure
+//   g<N>/done       how many members' ranks all ended well; g<N>/left: how many then left
+//   ended           "ok" or "failed: <why>": the job is over (for launchers still waiting)
+#include "rendezvous.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <thread>
+
+#include "cohort/core/clock.h"
+#include "cohort/core/error.h"
+
+namespace cohort::cli {
+
+namespace {
+
+using Millis = std::chrono::milliseconds;
+constexpr Millis kCall{5000};  // one store call; a longer silence reconnects
+
+std::vector<int> parse_ids(const std::string& s) {
+  std::vector<int> ids;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) ids.push_back(std::stoi(item));
+  }
+  return ids;
+}
+
+std::string join_ids(const std::vector<int>& ids) {
+  std::string s;
+  for (int id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  return s;
+}
+
+bool loopback(const std::string& host) {
+  return host.rfind("127.", 0) == 0 || host == "localhost";
+}
+
+void nap() {
+  std::this_thread::sleep_for(Millis(50));
+}
+
+}  // namespace
+
+Rendezvous::Rendezvous(RendezvousOptions o) : o_(std::move(o)) {
+  COHORT_CHECK(o_.min_nodes >= 1 && o_.min_nodes <= o_.max_nodes,
+               "--nnodes " << o_.min_nodes << ":" << o_.max_nodes << ": MIN must be 1..MAX");
+  if (!multi_node()) return;
+  agents_at_ = o_.master;
+  if (o_.node_id == 0) {
+    agents_ = std::make_unique<comm::StoreServer>(
+        loopback(o_.master.host) ? o_.master.host : "0.0.0.0", o_.master.port, o_.token);
+    agents_at_.port = agents_->port();
+  }
+}
+
+Rendezvous::~Rendezvous() = default;
+
+// Runs f on node 0's agent store, reconnecting after an error, for up to `seconds`.
+template <typename F>
+auto Rendezvous::with_store(const char* what, double seconds, F&& f)
+    -> decltype(f(std::declval<comm::Store&>())) {
+  const auto start = Clock::now();
+  std::string last;
+  while (true) {
+    try {
+      if (!store_) store_.emplace(agents_at_, o_.token, kCall);
+      return f(*store_);
+    } catch (const CommError& e) {
+      store_.reset();
+      last = e.message();
+    }
+    if (seconds_since(start) >= seconds) {
+      COHORT_THROW_AS(CommError, "cohort launch (node "
+                                     << o_.node_id << "): " << what
+                                     << ": node 0's rendezvous store at " << agents_at_.str()
+                                     << " cannot be reached for " << seconds << " s: " << last);
+    }
+    std::this_thread::sleep_for(Millis(200));
+  }
+}
+
+std::optional<Generation> Rendezvous::join(int number) {
+  Generation g;
+  ranks_.reset();  // the previous generation's rank store: its stragglers are refused
+  if (!multi_node()) {
+    g.number = number;
+    g.members = {0};
+    g.token = number == 0 ? o_.token : "g" + std::to_string(number) + "x" + o_.token;
+    ranks_ = std::make_unique<comm::StoreServer>(o_.master.host, o_.master.port, g.token);
+    g.store = {o_.master.host, ranks_->port()};
+    g.torch_port = comm::local_port(comm::listen_tcp(o_.master.host, 0));
+    return g;
+  }
+  const std::string me = std::to_string(o_.node_id);
+  const auto started = Clock::now();
+  while (true) {
+    const std::string key = "g" + std::to_string(number) + "/";
+    if (o_.node_id == 0) {
+      with_store("opening a generation", o_.timeout, [&](comm::Store& s) {
+        s.set("open", std::to_string(number));
+        s.set(key + "joined", me);
+        return 0;
+      });
+      // Wait for MAX, or for MIN and then `last_call` seconds without reaching MAX.
+      std::vector<int> ids;
+      Clock::time_point min_at{};
+      bool have_min = false;
+      while (true) {
+        ids = parse_ids(with_store("forming a generation", o_.timeout, [&](comm::Store& s) {
+          return s.get_for(key + "joined", Millis(0)).value_or("");
+        }));
+        const int n = static_cast<int>(ids.size());
+        if (n >= o_.max_nodes) break;
+        if (n >= o_.min_nodes && !have_min) have_min = true, min_at = Clock::now();
+        if (have_min && seconds_since(min_at) >= o_.last_call) break;
+        if (!have_min && seconds_since(started) > o_.timeout) {
+          COHORT_THROW("cohort launch: generation "
+                       << number << " needs " << o_.min_nodes << " node(s); only " << n
+                       << " joined within " << o_.timeout << " s (node ids " << join_ids(ids)
+                       << ")");
+        }
+        nap();
+      }
+      std::sort(ids.begin(), ids.end());
+      if (static_cast<int>(ids.size()) > o_.max_nodes)
+        ids.resize(static_cast<size_t>(o_.max_nodes));
+      g.number = number;
+      g.members = ids;
+      g.token = number == 0 ? o_.token : "g" + std::to_string(number) + "x" + o_.token;
+      ranks_ = std::make_unique<comm::StoreServer>(
+          loopback(o_.master.host) ? o_.master.host : "0.0.0.0", 0, g.token);
+      g.store = {o_.master.host, ranks_->port()};
+      // Torch's TCPStore port: node 0's rank 0 binds it, the others only need to agree on it.
+      g.torch_port = comm::local_port(
+          comm::listen_tcp(loopback(o_.master.host) ? o_.master.host : "0.0.0.0", 0));
+      const std::string layout =
+          std::to_string(g.store.port) + " " + std::to_string(g.torch_port) + " " + join_ids(ids);
+      with_store("publishing a generation", o_.timeout, [&](comm::Store& s) {
+        s.set(key + "layout", layout);
+        return 0;
+      });
+      g.node_rank = 0;
+      return g;
+    }
+
+    // Another node: find the generation that is open, ask to join it, read its layout.
+    enum class Next { wait, retry, joined };
+    std::string layout;
+    const Next next = with_store("joining", o_.timeout, [&](comm::Store& s) {
+      if (s.get_for("ended", Millis(0))) return Next::wait;  // handled below
+      const int open = std::stoi(s.get_for("open", Millis(0)).value_or("-1"));
+      if (open < number) return Next::retry;  // node 0 is still ending the previous one
+      if (open > number) number = open;
+      const std::string k = "g" + std::to_string(number) + "/";
+      if (s.get_for(k + "layout", Millis(0))) {  // formed without this node: the next one
+        ++number;
+        return Next::retry;
+      }
+      std::string have = s.get_for(k + "joined", Millis(0)).value_or("");
+      while (true) {
+        const std::vector<int> ids = parse_ids(have);
+        if (std::find(ids.begin(), ids.end(), o_.node_id) != ids.end()) break;
+        const std::string want = have.empty() ? me : have + "," + me;
+        const std::string now = s.compare_set(k + "joined", have, want);
+        if (now == want) break;
+        have = now;
+      }
+      // Wait for the layout; the job may also end meanwhile.
+      while (true) {
+        if (auto l = s.get_for(k + "layout", Millis(200))) {
+          layout = *l;
+          return Next::joined;
+        }
+        if (s.get_for("ended", Millis(0))) return Next::wait;
+      }
+    });
+    if (next == Next::wait) {
+      ended_ = with_store("reading the end", o_.timeout, [&](comm::Store& s) {
+        return s.get_for("ended", Millis(0)).value_or("");
+      });
+      return std::nullopt;
+    }
+    if (next == Next::retry) {
+      std::this_thread::sleep_for(Millis(200));
+      continue;
+    }
+    std::stringstream in(layout);
+    int port = 0, torch = 0;
+    std::string ids;
+    in >> port >> torch >> ids;
+    g.members = parse_ids(ids);
+    auto at = std::find(g.members.begin(), g.members.end(), o_.node_id);
+    if (at == g.members.end()) {  // joined as the generation closed: the next one
+      ++number;
+      continue;
+    }
+    g.number = number;
+    g.node_rank = static_cast<int>(at - g.members.begin());
+    g.token = number == 0 ? o_.token : "g" + std::to_string(number) + "x" + o_.token;
+    g.store = {o_.master.host, static_cast<uint16_t>(port)};
+    g.torch_port = static_cast<uint16_t>(torch);
+    return g;
+  }
+}
+
+std::string Rendezvous::report_failure(const Generation& g, const std::string& what,
+                                       bool signaled) {
+  const std::string value = std::to_string(unix_seconds()) + " " + what;
+  if (!multi_node()) return value;
+  const std::string key = "g" + std::to_string(g.number) + "/";
+  try {
+    return with_store("reporting a failure", 10, [&](comm::Store& s) {
+      if (signaled) s.compare_set(key + "signaled", "", value);
+      return s.compare_set(key + "failed", "", value);
+    });
+  } catch (const CommError&) {
+    return value;  // node 0 is out of reach: the other nodes' ranks fail by themselves
+  }
+}
+
+std::optional<std::string> Rendezvous::failure(const Generation& g) {
+  if (!multi_node()) return std::nullopt;
+  try {
+    if (!store_) store_.emplace(agents_at_, o_.token, kCall);
+    return store_->get_for("g" + std::to_string(g.number) + "/failed", Millis(0));
+  } catch (const CommError&) {
+    store_.reset();
+    return std::nullopt;
+  }
+}
+
+std::optional<std::string> Rendezvous::cause(const Generation& g) {
+  if (!multi_node()) return std::nullopt;
+  const std::string key = "g" + std::to_string(g.number) + "/";
+  try {
+    return with_store("reading the failure", 10, [&](comm::Store& s) {
+      auto v = s.get_for(key + "signaled", Millis(0));
+      return v ? v : s.get_for(key + "failed", Millis(0));
+    });
+  } catch (const CommError&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<std::string> Rendezvous::finish(const Generation& g, double wait_seconds) {
+  if (!multi_node()) return std::nullopt;
+  const std::string key = "g" + std::to_string(g.number) + "/";
+  const int64_t n = static_cast<int64_t>(g.members.size());
+  with_store("reporting the end", o_.timeout,
+             [&](comm::Store& s) { return s.add(key + "done", 1); });
+  const auto start = Clock::now();
+  while (true) {
+    const int64_t done = with_store("waiting for the end", o_.timeout,
+                                    [&](comm::Store& s) { return s.add(key + "done", 0); });
+    if (done >= n) break;
+    if (auto f = failure(g)) return f;
+    if (seconds_since(start) > wait_seconds) {
+      return std::to_string(unix_seconds()) + " only " + std::to_string(done) + " of " +
+             std::to_string(n) + " nodes' ranks ended within " +
+             std::to_string(static_cast<int>(wait_seconds)) + " s of this node's";
+    }
+    nap();
+  }
+  if (o_.node_id != 0) {
+    with_store("leaving", 10, [&](comm::Store& s) { return s.add(key + "left", 1); });
+    return std::nullopt;
+  }
+  // Node 0 keeps the store up until the others have read the end.
+  const auto t0 = Clock::now();
+  while (seconds_since(t0) < 10 &&
+         with_store("waiting for the others to leave", 10,
+                    [&](comm::Store& s) { return s.add(key + "left", 0); }) < n - 1) {
+    nap();
+  }
+  return std::nullopt;
+}
+
+void Rendezvous::close_job(bool ok, const std::string& why) {
+  if (!multi_node() || o_.node_id != 0) return;
+  try {
+    with_store("ending the job", 5, [&](comm::Store& s) {
+      s.set("ended", ok ? "ok" : "failed: " + why);
+      return 0;
+    });
+    // Launchers waiting to be admitted poll every 200 ms: give them the time to read it.
+    std::this_thread::sleep_for(Millis(600));
+  } catch (const CommError&) {
+  }
+}
+
+}  // namespace cohort::cli

@@ -1,0 +1,80 @@
+// The launchers' rendezvous across nodes, for `cohort launch --nnodes MIN:MAX --max-restarts N`:
+// node 0's launcher hosts an agent store for the whole job (the job token opens it), and every
+// generation of ranks gets a store of its own with a token of its own, so that a straggler of an
+// older generation is refused. A generation forms once MAX launchers have joined, or MIN and no
+// other for `last_call` seconds; a launcher that joins late (a host that came back) waits for the
+// next one. The first failure of a generation is recorded there, and every launcher stops its
+// ranks when it sees it. Node 0 is the one host the job cannot lose (as torchrun's c10d
+// rendezvous with its store on a node).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/socket.h"
+#include "cohort/comm/store.h"
+
+namespace cohort::cli {
+
+struct RendezvousOptions {
+  comm::Endpoint master;  // node 0's agent store (port 0 on one node: any free port)
+  std::string token;      // the job's
+  int node_id = 0;        // --node-rank: this launcher's lasting name; 0 hosts the store
+  int min_nodes = 1, max_nodes = 1;
+  double last_call = 5;  // seconds to wait for more than MIN
+  double timeout = 300;  // seconds to wait for MIN, or to reach node 0's store
+};
+
+// What one generation looks like from this launcher.
+struct Generation {
+  int number = 0;
+  int node_rank = 0;         // this launcher's place in the generation
+  std::vector<int> members;  // node ids, in node-rank order
+  comm::Endpoint store;      // the generation's rank store
+  std::string token;         // the generation's rank token
+  uint16_t torch_port = 0;   // MASTER_PORT for PyTorch's own TCPStore
+};
+
+class Rendezvous {
+ public:
+  explicit Rendezvous(RendezvousOptions o);
+  ~Rendezvous();
+
+  // Joins generation `number`, or the first later one that still admits this launcher. Node 0
+  // starts the generation's rank store (kept until the next join or the end). nullopt when the
+  // job finished while this launcher waited to be admitted.
+  std::optional<Generation> join(int number);
+  // The first failure of the generation wins; returns the one recorded. A rank killed by a
+  // signal is also recorded apart: the ranks that fail after it are most likely its peers.
+  std::string report_failure(const Generation& g, const std::string& what, bool signaled);
+  // Once the generation's ranks have stopped: its cause, the first signaled failure if any,
+  // else the first failure ("<unix seconds> <what>").
+  std::optional<std::string> cause(const Generation& g);
+  // The recorded failure, if any (a short poll of node 0's store; nullopt also when node 0 cannot
+  // be reached at the moment).
+  std::optional<std::string> failure(const Generation& g);
+  // This launcher's ranks all ended well; waits until every member's did, or one failed
+  // (returned), or node 0 is gone.
+  std::optional<std::string> finish(const Generation& g, double wait_seconds);
+  // Node 0, at the end: tells launchers still waiting to be admitted that the job is over.
+  void close_job(bool ok, const std::string& why);
+  // After join() returned nullopt: "ok", or "failed: <why>".
+  const std::string& ended() const { return ended_; }
+  bool multi_node() const { return o_.max_nodes > 1; }
+
+ private:
+  template <typename F>
+  auto with_store(const char* what, double seconds, F&& f)
+      -> decltype(f(std::declval<comm::Store&>()));
+  RendezvousOptions o_;
+  std::unique_ptr<comm::StoreServer> agents_;  // node 0
+  std::unique_ptr<comm::StoreServer> ranks_;   // node 0: this generation's
+  std::optional<comm::Store> store_;
+  comm::Endpoint agents_at_;
+  std::string ended_;
+};
+
+}  // namespace cohort::cli
