@@ -255,6 +255,10 @@ Run add_launch(CLI::App& app) {
           setenv("TORCHELASTIC_MAX_RESTARTS", std::to_string(o->max_restarts).c_str(), 1);
           if (g.number > 0) {
             setenv("COHORT_RESTART_FAILED_AT", std::to_string(failed_at).c_str(), 1);
+            // The first generation's world: a run restarted on fewer ranks before its first
+            // checkpoint still keeps that world's global batch.
+            setenv("COHORT_RESTART_FIRST_WORLD", std::to_string(g.first_nodes * o->nproc).c_str(),
+                   1);
           }
           if (o->nproc > 1) setenv("OMP_NUM_THREADS", "1", 0);
           if (bind && !cpus.empty()) {  // an equal, disjoint share of the cores per rank

@@ -2,10 +2,13 @@
 // agent store:
 //   open            the newest generation node 0 has opened
 //   g<N>/joined     the node ids that asked to join N, comma-separated (appended by compare_set)
-//   g<N>/layout     "<rank store port> <torch port> <id>,<id>,..." once N has formed
+//   g<N>/layout     "<rank store port> <torch port> <id>,<id>,... <first generation's nodes>"
+//                   once N has formed
 //   g<N>/failed     "<unix seconds> <what>": the generation's first failure
-//   g<N>/done       how many members' ranks all ended well; g<N>/left: how many then left
+//   g<N>/done       how many members' ranks all ended well
 //   ended           "ok" or "failed: <why>": the job is over (for launchers still waiting)
+//   nodes           every launcher other than node 0's that ever came, comma-separated
+//   seen/<id>       node <id>'s launcher knows the job is over and leaves
 #include "rendezvous.h"
 
 #include <algorithm>
@@ -21,7 +24,8 @@ namespace cohort::cli {
 namespace {
 
 using Millis = std::chrono::milliseconds;
-constexpr Millis kCall{5000};  // one store call; a longer silence reconnects
+constexpr Millis kCall{5000};   // one store call; a longer silence reconnects
+constexpr double kLinger = 15;  // seconds node 0 waits, at the end, for launchers to read it
 
 std::vector<int> parse_ids(const std::string& s) {
   std::vector<int> ids;
@@ -45,6 +49,19 @@ bool loopback(const std::string& host) {
 
 void nap() {
   std::this_thread::sleep_for(Millis(50));
+}
+
+// Adds `id` to the comma-separated list at `key`, once, however many launchers add at once.
+void append_id(comm::Store& s, const std::string& key, int id) {
+  std::string have = s.get_for(key, Millis(0)).value_or("");
+  while (true) {
+    const std::vector<int> ids = parse_ids(have);
+    if (std::find(ids.begin(), ids.end(), id) != ids.end()) return;
+    const std::string want = have.empty() ? std::to_string(id) : have + "," + std::to_string(id);
+    const std::string now = s.compare_set(key, have, want);
+    if (now == want) return;
+    have = now;
+  }
 }
 
 }  // namespace
@@ -101,12 +118,19 @@ std::optional<Generation> Rendezvous::join(int number) {
   }
   const std::string me = std::to_string(o_.node_id);
   const auto started = Clock::now();
+  if (o_.node_id != 0 && !announced_) {  // so that node 0 waits for this launcher at the end
+    with_store("joining", o_.timeout, [&](comm::Store& s) {
+      append_id(s, "nodes", o_.node_id);
+      return 0;
+    });
+    announced_ = true;
+  }
   while (true) {
     const std::string key = "g" + std::to_string(number) + "/";
     if (o_.node_id == 0) {
       with_store("opening a generation", o_.timeout, [&](comm::Store& s) {
+        s.set(key + "joined", me);  // before "open": a launcher that sees it may append
         s.set("open", std::to_string(number));
-        s.set(key + "joined", me);
         return 0;
       });
       // Wait for MAX, or for MIN and then `last_call` seconds without reaching MAX.
@@ -134,6 +158,8 @@ std::optional<Generation> Rendezvous::join(int number) {
         ids.resize(static_cast<size_t>(o_.max_nodes));
       g.number = number;
       g.members = ids;
+      if (first_nodes_ == 0) first_nodes_ = static_cast<int>(ids.size());
+      g.first_nodes = first_nodes_;
       g.token = number == 0 ? o_.token : "g" + std::to_string(number) + "x" + o_.token;
       ranks_ = std::make_unique<comm::StoreServer>(
           loopback(o_.master.host) ? o_.master.host : "0.0.0.0", 0, g.token);
@@ -141,8 +167,8 @@ std::optional<Generation> Rendezvous::join(int number) {
       // Torch's TCPStore port: node 0's rank 0 binds it, the others only need to agree on it.
       g.torch_port = comm::local_port(
           comm::listen_tcp(loopback(o_.master.host) ? o_.master.host : "0.0.0.0", 0));
-      const std::string layout =
-          std::to_string(g.store.port) + " " + std::to_string(g.torch_port) + " " + join_ids(ids);
+      const std::string layout = std::to_string(g.store.port) + " " + std::to_string(g.torch_port) +
+                                 " " + join_ids(ids) + " " + std::to_string(g.first_nodes);
       with_store("publishing a generation", o_.timeout, [&](comm::Store& s) {
         s.set(key + "layout", layout);
         return 0;
@@ -155,7 +181,10 @@ std::optional<Generation> Rendezvous::join(int number) {
     enum class Next { wait, retry, joined };
     std::string layout;
     const Next next = with_store("joining", o_.timeout, [&](comm::Store& s) {
-      if (s.get_for("ended", Millis(0))) return Next::wait;  // handled below
+      if (s.get_for("ended", Millis(0))) {  // handled below
+        s.set("seen/" + me, "1");
+        return Next::wait;
+      }
       const int open = std::stoi(s.get_for("open", Millis(0)).value_or("-1"));
       if (open < number) return Next::retry;  // node 0 is still ending the previous one
       if (open > number) number = open;
@@ -164,22 +193,17 @@ std::optional<Generation> Rendezvous::join(int number) {
         ++number;
         return Next::retry;
       }
-      std::string have = s.get_for(k + "joined", Millis(0)).value_or("");
-      while (true) {
-        const std::vector<int> ids = parse_ids(have);
-        if (std::find(ids.begin(), ids.end(), o_.node_id) != ids.end()) break;
-        const std::string want = have.empty() ? me : have + "," + me;
-        const std::string now = s.compare_set(k + "joined", have, want);
-        if (now == want) break;
-        have = now;
-      }
+      append_id(s, k + "joined", o_.node_id);
       // Wait for the layout; the job may also end meanwhile.
       while (true) {
         if (auto l = s.get_for(k + "layout", Millis(200))) {
           layout = *l;
           return Next::joined;
         }
-        if (s.get_for("ended", Millis(0))) return Next::wait;
+        if (s.get_for("ended", Millis(0))) {
+          s.set("seen/" + me, "1");
+          return Next::wait;
+        }
       }
     });
     if (next == Next::wait) {
@@ -195,7 +219,7 @@ std::optional<Generation> Rendezvous::join(int number) {
     std::stringstream in(layout);
     int port = 0, torch = 0;
     std::string ids;
-    in >> port >> torch >> ids;
+    in >> port >> torch >> ids >> g.first_nodes;
     g.members = parse_ids(ids);
     auto at = std::find(g.members.begin(), g.members.end(), o_.node_id);
     if (at == g.members.end()) {  // joined as the generation closed: the next one
@@ -269,29 +293,38 @@ std::optional<std::string> Rendezvous::finish(const Generation& g, double wait_s
     }
     nap();
   }
-  if (o_.node_id != 0) {
-    with_store("leaving", 10, [&](comm::Store& s) { return s.add(key + "left", 1); });
-    return std::nullopt;
-  }
-  // Node 0 keeps the store up until the others have read the end.
-  const auto t0 = Clock::now();
-  while (seconds_since(t0) < 10 &&
-         with_store("waiting for the others to leave", 10,
-                    [&](comm::Store& s) { return s.add(key + "left", 0); }) < n - 1) {
-    nap();
-  }
   return std::nullopt;
 }
 
 void Rendezvous::close_job(bool ok, const std::string& why) {
-  if (!multi_node() || o_.node_id != 0) return;
+  if (!multi_node()) return;
   try {
+    if (o_.node_id != 0) {
+      with_store("leaving", 5, [&](comm::Store& s) {
+        s.set("seen/" + std::to_string(o_.node_id), "1");
+        return 0;
+      });
+      return;
+    }
     with_store("ending the job", 5, [&](comm::Store& s) {
       s.set("ended", ok ? "ok" : "failed: " + why);
       return 0;
     });
-    // Launchers waiting to be admitted poll every 200 ms: give them the time to read it.
-    std::this_thread::sleep_for(Millis(600));
+    // Node 0 keeps the store up, for up to kLinger, until every launcher the job has known has
+    // read the end: one cut off for a while retries its store calls and still learns it.
+    const auto t0 = Clock::now();
+    const std::vector<int> known = parse_ids(with_store("ending the job", 5, [&](comm::Store& s) {
+      return s.get_for("nodes", Millis(0)).value_or("");
+    }));
+    for (int id : known) {
+      if (id == 0) continue;
+      while (seconds_since(t0) < kLinger &&
+             !with_store("waiting for the others to leave", 5, [&](comm::Store& s) {
+               return s.get_for("seen/" + std::to_string(id), Millis(0)).has_value();
+             })) {
+        nap();
+      }
+    }
   } catch (const CommError&) {
   }
 }

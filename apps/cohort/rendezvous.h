@@ -36,6 +36,7 @@ struct Generation {
   comm::Endpoint store;      // the generation's rank store
   std::string token;         // the generation's rank token
   uint16_t torch_port = 0;   // MASTER_PORT for PyTorch's own TCPStore
+  int first_nodes = 1;       // nodes in the job's first generation (its global batch's)
 };
 
 class Rendezvous {
@@ -75,6 +76,8 @@ class Rendezvous {
   std::optional<comm::Store> store_;
   comm::Endpoint agents_at_;
   std::string ended_;
+  int first_nodes_ = 0;     // node 0: the first generation's size
+  bool announced_ = false;  // this launcher is in the job's list of nodes
 };
 
 }  // namespace cohort::cli

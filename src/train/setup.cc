@@ -213,8 +213,18 @@ Run set_up(const TrainConfig& config) {
     r.say("train: restart: generation %s, %d rank(s), %s\n", generation.c_str(), r.job.world,
           resume.empty() ? "no checkpoint to resume from (--checkpoint-dir), starting over"
                          : ("resuming from " + resume).c_str());
+    // The world and global batch to keep: the checkpoint's, or, before the first checkpoint,
+    // the first generation's (COHORT_RESTART_FIRST_WORLD, from the launcher).
+    dist::RunPosition saved;
     if (!resume.empty()) {
-      const dist::RunPosition saved = dist::read_checkpoint_position(resume);
+      saved = dist::read_checkpoint_position(resume);
+    } else if (const int first = static_cast<int>(env::int_or("COHORT_RESTART_FIRST_WORLD", 0));
+               first > 0) {
+      saved.world = first;
+      const int first_data_world = piped ? first / c.pipeline_stages : first;
+      saved.global_batch = int64_t{c.batch} * first_data_world * c.accum_steps;
+    }
+    if (saved.global_batch > 0) {
       const int64_t per_micro = int64_t{c.batch} * data_world;
       const int64_t now = per_micro * c.accum_steps;
       r.restart["saved_world"] = saved.world;
