@@ -33,6 +33,7 @@ namespace cohort::cli {
 namespace {
 
 volatile sig_atomic_t g_signal = 0;
+const std::string kInterrupted = "interrupted by signal ";
 void on_signal(int sig) {
   g_signal = sig;
 }
@@ -300,6 +301,8 @@ Run add_launch(CLI::App& app) {
         const size_t sp = recorded.find(' ');
         detected_at = std::stod(recorded.substr(0, sp));
         failure = recorded.substr(sp + 1);
+        // A launcher that was asked to stop (SIGINT, SIGTERM) stops the job: no restart.
+        if (failure.find(kInterrupted) != std::string::npos) interrupted = true;
       };
       while (true) {
         std::vector<pollfd> fds;
@@ -372,7 +375,7 @@ Run add_launch(CLI::App& app) {
         if (g_signal && !stopping) {
           std::fprintf(stderr, "cohort launch: got signal %d, forwarding to ranks\n",
                        int(g_signal));
-          failure = "interrupted by signal " + std::to_string(g_signal);
+          failure = kInterrupted + std::to_string(g_signal);
           rdzv.report_failure(g, "node " + std::to_string(o->node_rank) + ": " + failure, false);
           interrupted = true;
           exit_code = 128 + g_signal;

@@ -111,7 +111,8 @@ std::optional<Generation> Rendezvous::join(int number) {
     g.number = number;
     g.members = {0};
     g.token = number == 0 ? o_.token : "g" + std::to_string(number) + "x" + o_.token;
-    ranks_ = std::make_unique<comm::StoreServer>(o_.master.host, o_.master.port, g.token);
+    ranks_ = std::make_unique<comm::StoreServer>(
+        loopback(o_.master.host) ? o_.master.host : "0.0.0.0", o_.master.port, g.token);
     g.store = {o_.master.host, ranks_->port()};
     g.torch_port = comm::local_port(comm::listen_tcp(o_.master.host, 0));
     return g;

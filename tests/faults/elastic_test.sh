@@ -11,6 +11,7 @@
 #     taking the batches of two old ranks in turn, and the run ends with the parameters of the
 #     uninterrupted run within 1e-5 (relative). They are equal here: the old world's
 #     hierarchical allreduce also added (0+1)+(2+3), and halving is exact.
+#  4. --nnodes 1:2: host 1's launcher gets SIGTERM: both launchers stop, naming it; no restart.
 # Every launcher must end by itself; none of their processes, namespaces or segments is left.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -139,6 +140,17 @@ print("relative distance of the parameters to the uninterrupted run's: %.2e" % (
 sys.exit(0 if num / den < 1e-5 else 1)
 EOF
 echo "PASS: host 1 lost for good: host 0 finished alone with accumulation 2"
+# 4. Host 1's launcher asked to stop (SIGTERM): the job stops on both hosts, without a restart.
+launcher 0 stop 29715 1:2 --checkpoint-dir "$dir/ck4" --checkpoint-every 3
+launcher 1 stop 29715 1:2 --checkpoint-dir "$dir/ck4" --checkpoint-every 3
+wait_checkpoint "$dir/ck4"
+kill -TERM "$(launcher_pid 1)"
+wait_both
+[ "${codes[0]}" != 0 ] && [ "${codes[1]}" != 0 ] || fail "after a SIGTERM the launchers exited ${codes[*]}"
+grep -q "cohort launch: job failed: node 1: interrupted by signal 15" "$dir/stop.0.log" ||
+  fail "host 0 does not stop for host 1's SIGTERM: $(grep 'cohort launch' "$dir/stop.0.log")"
+grep -q "restart 1 of" "$dir"/stop.*.log && fail "a SIGTERM led to a restart"
+echo "PASS: host 1's launcher stopped by SIGTERM: the job stopped on both hosts"
 leftover=$(ls /dev/shm | grep '^cohort-' || true)
 [ -z "$leftover" ] || fail "shared-memory segments left: $leftover"
-echo "3 passed, 0 failed"
+echo "4 passed, 0 failed"
