@@ -153,9 +153,18 @@ SafeTensors load_safetensors(const std::string& path) {
       const auto off = e.at("data_offsets").get<std::vector<uint64_t>>();
       COHORT_CHECK(off.size() == 2 && off[0] <= off[1],
                    path << ": tensor " << name << " has bad data_offsets");
-      for (int64_t d : shape) COHORT_CHECK(d >= 0, path << ": tensor " << name << " shape");
-      const uint64_t want =
-          static_cast<uint64_t>(tensor::shape_numel(shape)) * tensor::dtype_size(t);
+      // The element count, checked against the data section as it grows: a shape such as
+      // [2^40, 2^40] would otherwise overflow and pass the size check below.
+      uint64_t numel = 1;
+      for (int64_t d : shape) {
+        COHORT_CHECK(d >= 0, path << ": tensor " << name << " has a negative dimension " << d);
+        COHORT_CHECK(d == 0 || numel <= data_size / static_cast<uint64_t>(d),
+                     path << ": tensor " << name << " has shape " << tensor::shape_string(shape)
+                          << ", more elements than the " << data_size
+                          << " bytes of the data section hold");
+        numel *= static_cast<uint64_t>(d);
+      }
+      const uint64_t want = numel * tensor::dtype_size(t);
       COHORT_CHECK(off[1] - off[0] == want, path << ": tensor " << name << " spans "
                                                  << off[1] - off[0] << " bytes but its shape "
                                                  << tensor::shape_string(shape) << " needs "

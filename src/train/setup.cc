@@ -228,7 +228,7 @@ Run set_up(const TrainConfig& config) {
       const int64_t per_micro = int64_t{c.batch} * data_world;
       const int64_t now = per_micro * c.accum_steps;
       r.restart["saved_world"] = saved.world;
-      if (saved.global_batch > 0 && saved.global_batch != now) {
+      if (saved.global_batch != now) {
         const int saved_data_world =
             piped ? saved.world / c.pipeline_stages : saved.world;  // same stages on resume
         const int64_t saved_accum =

@@ -241,6 +241,16 @@ TEST(SafeTensors, BadFilesGiveClearErrors) {
     o << "{{{{";
   }
   expect_error(dir.file("junk.safetensors"), "malformed");
+  // A shape whose element count overflows 64 bits (2^40 x 2^40 x 2^8 floats).
+  {
+    const std::string h =
+        R"({"w":{"dtype":"F32","shape":[1099511627776,1099511627776,256],"data_offsets":[0,0]}})";
+    std::ofstream o(dir.file("huge.safetensors"), std::ios::binary);
+    const uint64_t n = h.size();
+    o.write(reinterpret_cast<const char*>(&n), 8);
+    o << h << "0123";
+  }
+  expect_error(dir.file("huge.safetensors"), "more elements than the 4 bytes");
   // Another model's weights.
   auto other = make_model("smallcnn", ModelOptions{3, 2, 16, 0});
   save_weights(*other, dir.file("other.safetensors"));
