@@ -78,6 +78,34 @@ nlohmann::json read_index(const std::string& dir) {
                           "optim_steps", "files", "in_channels", "num_classes", "image_size"}) {
     COHORT_CHECK(j.contains(key), path << ": no '" << key << "'");
   }
+  // The types every reader below takes for granted (a wrong one would escape as JSON's own
+  // exception, naming neither the file nor the field).
+  for (const char* key : {"model", "mode"}) {
+    COHORT_CHECK(j[key].is_string(),
+                 path << ": '" << key << "' is " << j[key].dump() << ", not a string");
+  }
+  for (const char* key : {"step", "epoch", "position", "seed", "world", "optim_steps",
+                          "in_channels", "num_classes", "image_size", "global_batch"}) {
+    COHORT_CHECK(!j.contains(key) || j[key].is_number_integer(),
+                 path << ": '" << key << "' is " << j[key].dump() << ", not an integer");
+  }
+  for (const char* key : {"position", "seed", "world", "in_channels", "num_classes"}) {
+    COHORT_CHECK(j[key].get<int64_t>() >= 0 || j[key].is_number_unsigned(),
+                 path << ": '" << key << "' is negative: " << j[key].dump());
+  }
+  COHORT_CHECK(j["files"].is_array(), path << ": 'files' is not a list");
+  for (const nlohmann::json& f : j["files"]) {
+    COHORT_CHECK(f.is_object() && f.contains("path") && f["path"].is_string() &&
+                     f.contains("crc32c") && f["crc32c"].is_number_unsigned() &&
+                     f["crc32c"].get<uint64_t>() <= 0xffffffffu,
+                 path << ": a file entry " << f.dump() << " lacks a path or a CRC-32C");
+  }
+  if (j.contains("optim_state")) {
+    COHORT_CHECK(j["optim_state"].is_array(), path << ": 'optim_state' is not a list");
+    for (const nlohmann::json& s : j["optim_state"]) {
+      COHORT_CHECK(s.is_string(), path << ": 'optim_state' holds " << s.dump());
+    }
+  }
   return j;
 }
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "cohort/dist/checkpoint.h"
 #include "cohort/train/trainer.h"
@@ -175,6 +176,29 @@ TEST(Checkpoint, DamagedOrForeignFilesAreRefused) {
     ADD_FAILURE() << "a smallcnn checkpoint loaded into resnet18";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("holds a smallcnn"), std::string::npos) << e.what();
+  }
+  // An index whose fields have the wrong type: an error naming the index and the field.
+  const std::string index = checkpoint_index(dir.file("d"));
+  std::string text;
+  {
+    std::ifstream in(index);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  for (const auto& [from, to, needle] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"\"step\":", "\"step\":\"three\",\"was\":", "'step' is \"three\", not an integer"},
+           {"\"files\":", "\"files\":7,\"was\":", "'files' is not a list"},
+           {"\"crc32c\":", "\"crc32c\":-1,\"was\":", "lacks a path or a CRC-32C"}}) {
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " in " << text;
+    std::ofstream(index) << text.substr(0, at) + to + text.substr(at + from.size());
+    try {
+      load_checkpoint(dir.file("d"), *m, *opt);
+      ADD_FAILURE() << "an index with " << to << " loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(index), std::string::npos) << e.what();
+    }
   }
 }
 
