@@ -9,6 +9,7 @@
 #include <gdcmTrace.h>
 #include <gdcmUIDGenerator.h>
 #include <gdcmWriter.h>
+#include <turbojpeg.h>
 
 #include <algorithm>
 #include <cmath>
@@ -973,11 +974,17 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
     COHORT_THROW_AS(DecodeError,
                     name << ": " << samples << " samples per pixel; grayscale or RGB DICOM only");
   }
-  if (samples == 3 &&
-      (pf.GetBitsAllocated() != 8 || (pi != gdcm::PhotometricInterpretation::RGB &&
-                                      pi != gdcm::PhotometricInterpretation::YBR_FULL))) {
+  // Colour: RGB, YBR_FULL, or YBR_FULL_422 (native: GDCM expands each pair's shared chroma to
+  // YBR_FULL; JPEG: libjpeg hands out RGB), in 8 or 16 bits (16 scaled to 8), unsigned.
+  const bool ybr422 = pi == gdcm::PhotometricInterpretation::YBR_FULL_422;
+  if (samples == 3 && ((pf.GetBitsAllocated() != 8 && pf.GetBitsAllocated() != 16) ||
+                       pf.GetPixelRepresentation() != 0 ||
+                       (pi != gdcm::PhotometricInterpretation::RGB &&
+                        pi != gdcm::PhotometricInterpretation::YBR_FULL && !ybr422))) {
     COHORT_THROW_AS(DecodeError, name << ": colour as " << pi << " at " << pf.GetBitsAllocated()
-                                      << " bits; colour DICOM is read as 8-bit RGB or YBR_FULL");
+                                      << (pf.GetPixelRepresentation() ? " signed" : "")
+                                      << " bits; colour DICOM is read as unsigned 8- or 16-bit "
+                                         "RGB, YBR_FULL or YBR_FULL_422");
   }
   const int W = static_cast<int>(dims[0]), H = static_cast<int>(dims[1]);
   const size_t len = img.GetBufferLength();
@@ -1017,7 +1024,9 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
     const gdcm::ByteValue* bv = file.GetDataSet().FindDataElement(pixel_tag)
                                     ? file.GetDataSet().GetDataElement(pixel_tag).GetByteValue()
                                     : nullptr;
-    if (!bv || bv->GetLength() < len) {
+    // YBR_FULL_422 stores 2 bytes per pixel where the expanded image has 3.
+    const size_t stored = ybr422 ? len / 3 * 2 : len;
+    if (!bv || bv->GetLength() < stored) {
       COHORT_THROW_AS(DecodeError, name << ": "
                                         << (bv ? static_cast<uint32_t>(bv->GetLength()) : 0u)
                                         << " bytes of pixel data for an image of " << len);
@@ -1043,6 +1052,20 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   f.bits_allocated = alloc;
   f.bits_stored = pf.GetBitsStored();
   f.high_bit = pf.GetHighBit();
+  if (samples == 3 && alloc == 16) {
+    // 16-bit colour to 8 bits: each sample's stored bits scaled onto 0..255, rounded.
+    const int bits = std::clamp(f.bits_stored > 0 ? f.bits_stored : 16, 1, 16);
+    const uint32_t top = (1u << bits) - 1;
+    const size_t n = px * 3;
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t v;
+      std::memcpy(&v, raw.data() + 2 * i, 2);
+      raw[i] = static_cast<uint8_t>(((v & top) * 255u + top / 2) / top);
+    }
+    raw.resize(n);
+    f.bits_allocated = f.bits_stored = 8;
+    f.high_bit = 7;
+  }
   f.is_signed = pf.GetPixelRepresentation() == 1;
   f.monochrome1 =
       img.GetPhotometricInterpretation() == gdcm::PhotometricInterpretation::MONOCHROME1;
@@ -1056,9 +1079,28 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   // GDCM's JPEG decoders hand out RGB already (libjpeg converts YCbCr); native and RLE data
   // come as stored. Checked against pydicom on its colour test files.
   const bool jpeg_family = ts.IsEncapsulated() && ts != gdcm::TransferSyntax::RLELossless;
+  // Except a JPEG labelled RGB whose stream is YCbCr (GDCM's own JPEG writer makes such files):
+  // GDCM then trusts the label and hands out Y, Cb, Cr. libjpeg's reading of the stream decides.
+  bool jpeg_ycbcr = false;
+  if (samples == 3 && jpeg_family && pi == gdcm::PhotometricInterpretation::RGB) {
+    const gdcm::DataElement& de = file.GetDataSet().GetDataElement(gdcm::Tag(0x7fe0, 0x0010));
+    const gdcm::SequenceOfFragments* frags = de.GetSequenceOfFragments();
+    const gdcm::ByteValue* first =
+        frags && frags->GetNumberOfFragments() > 0 ? frags->GetFragment(0).GetByteValue() : nullptr;
+    tjhandle tj = tjInitDecompress();
+    int w = 0, h = 0, sub = 0, cs = -1;
+    if (tj && first &&
+        tjDecompressHeader3(tj, reinterpret_cast<const unsigned char*>(first->GetPointer()),
+                            first->GetLength(), &w, &h, &sub, &cs) == 0) {
+      jpeg_ycbcr = cs == TJCS_YCbCr;
+    }
+    if (tj) tjDestroy(tj);
+  }
   if (samples == 3)
-    to_interleaved_rgb(raw, px, img.GetPlanarConfiguration() == 1,
-                       pi == gdcm::PhotometricInterpretation::YBR_FULL && !jpeg_family);
+    to_interleaved_rgb(
+        raw, px, img.GetPlanarConfiguration() == 1,
+        ((pi == gdcm::PhotometricInterpretation::YBR_FULL || ybr422) && !jpeg_family) ||
+            jpeg_ycbcr);
   return StoredPixels{f, nullptr, std::move(raw), file_window(reader.GetFile().GetDataSet())};
 }
 

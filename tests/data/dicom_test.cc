@@ -232,15 +232,18 @@ TEST(Dicom, RgbInterleavedAndPlanarDecodeToTheSamePixels) {
   EXPECT_LE(worst, 3);
 }
 
-// A DICOM image of `bits` bits allocated (1 or 32), written by GDCM from raw bytes.
-std::vector<uint8_t> raw_dicom(int w, int h, unsigned short bits, const std::vector<uint8_t>& data,
-                               gdcm::TransferSyntax ts) {
+// A DICOM image of `bits` bits allocated, written by GDCM from raw bytes as they are stored.
+std::vector<uint8_t> raw_dicom(
+    int w, int h, unsigned short bits, const std::vector<uint8_t>& data, gdcm::TransferSyntax ts,
+    unsigned short samples = 1,
+    gdcm::PhotometricInterpretation::PIType pi = gdcm::PhotometricInterpretation::MONOCHROME2) {
   gdcm::SmartPointer<gdcm::Image> im = new gdcm::Image;
   im->SetNumberOfDimensions(2);
   im->SetDimension(0, static_cast<unsigned>(w));
   im->SetDimension(1, static_cast<unsigned>(h));
-  im->SetPixelFormat(gdcm::PixelFormat(1, bits, bits, static_cast<unsigned short>(bits - 1), 0));
-  im->SetPhotometricInterpretation(gdcm::PhotometricInterpretation::MONOCHROME2);
+  im->SetPixelFormat(
+      gdcm::PixelFormat(samples, bits, bits, static_cast<unsigned short>(bits - 1), 0));
+  im->SetPhotometricInterpretation(pi);
   im->SetTransferSyntax(ts);
   gdcm::DataElement pixel(gdcm::Tag(0x7fe0, 0x0010));
   pixel.SetByteValue(reinterpret_cast<const char*>(data.data()),
@@ -253,6 +256,87 @@ std::vector<uint8_t> raw_dicom(int w, int h, unsigned short bits, const std::vec
   if (!wr.Write()) return {};
   const std::string s = os.str();
   return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+// 16-bit RGB (scaled to 8 bits) and native YBR_FULL_422 (two pixels share their chroma; GDCM
+// expands it) decode to the RGB they were made from.
+TEST(Dicom, SixteenBitColourAndYbrFull422Decode) {
+  const int w = 8, h = 6;
+  std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {  // each horizontal pair one colour, so 4:2:2 loses nothing
+      for (int c = 0; c < 3; ++c) {
+        rgb[(static_cast<size_t>(y) * w + x) * 3 + c] =
+            static_cast<uint8_t>((x / 2 * 61 + y * 37 + c * 89) % 256);
+      }
+    }
+  }
+  std::vector<uint8_t> wide(rgb.size() * 2);
+  for (size_t i = 0; i < rgb.size(); ++i) {
+    const uint16_t v = static_cast<uint16_t>(rgb[i] * 257);
+    std::memcpy(wide.data() + 2 * i, &v, 2);
+  }
+  const auto file16 = raw_dicom(w, h, 16, wide, gdcm::TransferSyntax::ExplicitVRLittleEndian, 3,
+                                gdcm::PhotometricInterpretation::RGB);
+  ASSERT_FALSE(file16.empty());
+  const Image got16 = decode_dicom(file16, "rgb16.dcm");
+  ASSERT_EQ(got16.channels, 3);
+  ASSERT_EQ(got16.bits, 8);
+  EXPECT_EQ(got16.data, rgb) << "16-bit RGB scaled to 8 bits";
+
+  // Y, Cb, Cr of PS3.3 C.7.6.3.1.2 (YBR_FULL), stored as Y1 Y2 Cb Cr per pair.
+  std::vector<uint8_t> stored;
+  for (size_t p = 0; p < rgb.size() / 3; p += 2) {
+    const double r = rgb[p * 3], g = rgb[p * 3 + 1], b = rgb[p * 3 + 2];
+    auto q = [](double v) { return static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L)); };
+    const uint8_t y = q(0.299 * r + 0.587 * g + 0.114 * b);
+    stored.insert(stored.end(), {y, y, q(-0.168736 * r - 0.331264 * g + 0.5 * b + 128),
+                                 q(0.5 * r - 0.418688 * g - 0.081312 * b + 128)});
+  }
+  const auto file422 = raw_dicom(w, h, 8, stored, gdcm::TransferSyntax::ExplicitVRLittleEndian, 3,
+                                 gdcm::PhotometricInterpretation::YBR_FULL_422);
+  ASSERT_FALSE(file422.empty());
+  const Image got422 = decode_dicom(file422, "ybr422.dcm");
+  ASSERT_EQ(got422.data.size(), rgb.size());
+  int worst = 0;
+  for (size_t i = 0; i < rgb.size(); ++i)
+    worst = std::max(worst, std::abs(int(got422.data[i]) - int(rgb[i])));
+  EXPECT_LE(worst, 3) << "YBR_FULL_422 back to RGB";
+  // Lossy JPEG (baseline) as GDCM writes it: labelled RGB, its stream YCbCr, which GDCM hands
+  // out unconverted ("DICOM says RGB but JPEG says 3"): converted here. A smooth image of
+  // distinct colours, so that the loss is small and a wrong colour space is not.
+  Image src;
+  src.width = 32;
+  src.height = 32;
+  src.channels = 3;
+  src.bits = 8;
+  src.data.resize(32 * 32 * 3);
+  for (int y = 0; y < 32; ++y) {
+    for (int x = 0; x < 32; ++x) {
+      const uint8_t v[3] = {static_cast<uint8_t>(200 - 3 * x), static_cast<uint8_t>(20 + 4 * y),
+                            static_cast<uint8_t>(60 + 2 * x + y)};
+      std::memcpy(&src.data[(static_cast<size_t>(y) * 32 + x) * 3], v, 3);
+    }
+  }
+  const auto jpeg =
+      transcode(encode_dicom(src, DicomWriteOptions{}), gdcm::TransferSyntax::JPEGBaselineProcess1);
+  ASSERT_FALSE(jpeg.empty());
+  const Image got_jpeg = decode_dicom(jpeg, "jpeg422.dcm");
+  ASSERT_EQ(got_jpeg.data.size(), src.data.size());
+  double err = 0;
+  for (size_t i = 0; i < src.data.size(); ++i)
+    err += std::abs(int(got_jpeg.data[i]) - int(src.data[i]));
+  EXPECT_LT(err / static_cast<double>(src.data.size()), 4) << "lossy JPEG far from its RGB";
+  // Half the pixel data of a 4:2:2 image is an error naming the file, as for any short image.
+  const auto cut = raw_dicom(w, h, 8, std::vector<uint8_t>(stored.begin(), stored.begin() + 40),
+                             gdcm::TransferSyntax::ExplicitVRLittleEndian, 3,
+                             gdcm::PhotometricInterpretation::YBR_FULL_422);
+  try {
+    decode_dicom(cut, "short422.dcm");
+    ADD_FAILURE() << "a short 4:2:2 image decoded";
+  } catch (const cohort::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("short422.dcm"), std::string::npos) << e.what();
+  }
 }
 
 // Masks (1 bit, packed, first pixel in the lowest bit) come out as 0 and 65535; 32-bit values
