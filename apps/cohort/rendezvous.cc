@@ -24,8 +24,9 @@ namespace cohort::cli {
 namespace {
 
 using Millis = std::chrono::milliseconds;
-constexpr Millis kCall{5000};   // one store call; a longer silence reconnects
-constexpr double kLinger = 15;  // seconds node 0 waits, at the end, for launchers to read it
+constexpr Millis kCall{5000};          // one store call; a longer silence reconnects
+constexpr double kLinger = 15;         // seconds node 0 waits, at the end, for launchers to read it
+constexpr Millis kSignaledWait{1000};  // for another node's report of a rank killed by a signal
 
 std::vector<int> parse_ids(const std::string& s) {
   std::vector<int> ids;
@@ -266,8 +267,10 @@ std::optional<std::string> Rendezvous::cause(const Generation& g) {
   if (!multi_node()) return std::nullopt;
   const std::string key = "g" + std::to_string(g.number) + "/";
   try {
+    // A rank killed on another node makes this node's ranks fail first, often before that
+    // node's launcher has seen it (a 50 ms poll away): give its report up to a second.
     return with_store("reading the failure", 10, [&](comm::Store& s) {
-      auto v = s.get_for(key + "signaled", Millis(0));
+      auto v = s.get_for(key + "signaled", kSignaledWait);
       return v ? v : s.get_for(key + "failed", Millis(0));
     });
   } catch (const CommError&) {

@@ -52,7 +52,7 @@ class Rendezvous {
   // signal is also recorded apart: the ranks that fail after it are most likely its peers.
   std::string report_failure(const Generation& g, const std::string& what, bool signaled);
   // Once the generation's ranks have stopped: its cause, the first signaled failure if any,
-  // else the first failure ("<unix seconds> <what>").
+  // else the first failure ("<unix seconds> <what>"); it waits up to a second for the former.
   std::optional<std::string> cause(const Generation& g);
   // The recorded failure, if any (a short poll of node 0's store; nullopt also when node 0 cannot
   // be reached at the moment).
