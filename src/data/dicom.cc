@@ -675,18 +675,19 @@ namespace {
 // removed; it is written back to memory, and the image reader reads that. Empty when no repair is
 // needed; an error naming the file when one is needed and cannot be made.
 std::string repaired_for_gdcm(std::span<const uint8_t> bytes, const std::string& name) {
+  // The whole data set, sorted as GDCM's image reader will see it (reading up to the pixel data
+  // stops early at an element out of order, and missed overlays after it: fuzz_image).
   SpanBuf buf(bytes.data(), bytes.size());
   std::istream in(&buf);
-  gdcm::Reader peek;
-  peek.SetStream(in);
-  const gdcm::Tag pixel_tag(0x7fe0, 0x0010), frames(0x0028, 0x0008), increment(0x0028, 0x0009);
-  if (!peek.ReadUpToTag(pixel_tag, {pixel_tag})) return {};
-  const gdcm::DataSet& head = peek.GetFile().GetDataSet();
-  const gdcm::Tag grid(0x3004, 0x000c);
-  const std::string offsets = element_string(head, grid);
+  gdcm::Reader whole;
+  whole.SetStream(in);
+  if (!whole.Read()) return {};  // the image reader then refuses it too
+  const gdcm::DataSet& read = whole.GetFile().GetDataSet();
+  const gdcm::Tag frames(0x0028, 0x0008), increment(0x0028, 0x0009), grid(0x3004, 0x000c);
+  const std::string offsets = element_string(read, grid);
   const bool short_grid =
-      head.FindDataElement(grid) && std::count(offsets.begin(), offsets.end(), '\\') < 1;
-  const bool no_frames = head.FindDataElement(increment) && !head.FindDataElement(frames);
+      read.FindDataElement(grid) && std::count(offsets.begin(), offsets.end(), '\\') < 1;
+  const bool no_frames = read.FindDataElement(increment) && !read.FindDataElement(frames);
   // Overlays (60xx) and curves (50xx): Cohort uses neither, and GDCM's image reader asserts on
   // many of their forms (more than 16 planes, an element it does not know: fuzz_image), so
   // they are left out of what it reads.
@@ -695,18 +696,13 @@ std::string repaired_for_gdcm(std::span<const uint8_t> bytes, const std::string&
     return (g >= 0x5000 && g <= 0x50ff) || (g >= 0x6000 && g <= 0x60ff);
   };
   const bool extras =
-      std::any_of(head.GetDES().begin(), head.GetDES().end(),
+      std::any_of(read.GetDES().begin(), read.GetDES().end(),
                   [&](const gdcm::DataElement& de) { return overlay_or_curve(de.GetTag()); });
   if (!short_grid && !no_frames && !extras) return {};
-  SpanBuf again(bytes.data(), bytes.size());
-  std::istream whole_in(&again);
-  gdcm::Reader whole;
-  whole.SetStream(whole_in);
   auto cannot = [&]() {
     COHORT_THROW_AS(DecodeError, name << ": its frame geometry, overlays or curves, which GDCM's "
                                          "image reader cannot take, cannot be removed");
   };
-  if (!whole.Read()) cannot();
   gdcm::DataSet& ds = whole.GetFile().GetDataSet();
   std::vector<gdcm::Tag> drop;
   for (const gdcm::DataElement& de : ds.GetDES()) {
