@@ -1,6 +1,8 @@
 #include "cohort/data/dicom.h"
 
 #include <gdcmAttribute.h>
+#include <gdcmDicts.h>
+#include <gdcmGlobal.h>
 #include <gdcmImageReader.h>
 #include <gdcmImageWriter.h>
 #include <gdcmMediaStorage.h>
@@ -804,19 +806,22 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
   auto refuse = [&](const std::string& what) {
     COHORT_THROW_AS(DecodeError, name << ": " << what);
   };
-  // GDCM reads these through its typed attributes, which assert that the element's VR is the
-  // dictionary's (US), or unknown (implicit VR): fuzz_image found High Bit as another VR.
-  for (uint16_t e :
-       {0x0002, 0x0005, 0x0006, 0x0010, 0x0011, 0x0012, 0x0100, 0x0101, 0x0102, 0x0103}) {
-    const gdcm::Tag t(0x0028, e);
-    if (!ds.FindDataElement(t)) continue;
-    const gdcm::VR vr = ds.GetDataElement(t).GetVR();
-    if (vr != gdcm::VR::US && vr != gdcm::VR::INVALID && vr != gdcm::VR::UN) {
-      char tag[16];
-      std::snprintf(tag, sizeof tag, "(0028,%04x)", e);
-      refuse(std::string("element ") + tag + " has VR " + gdcm::VR::GetVRString(vr) +
-             " where DICOM says US");
-    }
+  // GDCM's image reader reads the image's attributes (groups 0018, 0020, 0028, 3004) through
+  // typed attributes, which assert that an element's VR is the dictionary's, or unknown (implicit
+  // VR): fuzz_image found High Bit and Number of Frames with other VRs.
+  const gdcm::Dict& dict = gdcm::Global::GetInstance().GetDicts().GetPublicDict();
+  for (const gdcm::DataElement& de : ds.GetDES()) {
+    const gdcm::Tag& t = de.GetTag();
+    const uint16_t g = t.GetGroup();
+    if (t.IsPrivate() || (g != 0x0018 && g != 0x0020 && g != 0x0028 && g != 0x3004)) continue;
+    const gdcm::VR vr = de.GetVR();
+    if (vr == gdcm::VR::INVALID || vr == gdcm::VR::UN) continue;
+    const gdcm::VR want = dict.GetDictEntry(t).GetVR();
+    if (want == gdcm::VR::INVALID || want == gdcm::VR::UN || want.Compatible(vr)) continue;
+    char tag[16];
+    std::snprintf(tag, sizeof tag, "(%04x,%04x)", g, t.GetElement());
+    refuse(std::string("element ") + tag + " has VR " + gdcm::VR::GetVRString(vr) +
+           " where DICOM says " + gdcm::VR::GetVRString(want));
   }
   // A Rescale Slope of 0, at the top or in a functional group's sequence: GDCM asserts that the
   // slope it takes is not 0 (fuzz_image, in the 20 s run of scripts/test).
