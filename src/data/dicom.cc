@@ -671,7 +671,8 @@ namespace {
 // GDCM's image reader asserts, aborting the process, on valid files that have a Frame Increment
 // Pointer (0028,0009) and no Number of Frames (0028,0008), as one-frame RT Dose files written by
 // other toolkits do, or an RT Dose Grid Frame Offset Vector (3004,000C) of fewer than two values.
-// It also asserts on many forms of overlays and curves, which Cohort does not use.
+// It also asserts on many forms of overlays and curves, which Cohort does not use, and on a
+// Recognition Code that is not ACR-NEMA's.
 // Such a file is read as a plain data set; the frame geometry, which decoding the first frame
 // does not need, is removed and Number of Frames set to 1 where absent, overlays and curves are
 // removed; it is written back to memory, and the image reader reads that. Empty when no repair is
@@ -700,16 +701,25 @@ std::string repaired_for_gdcm(std::span<const uint8_t> bytes, const std::string&
   const bool extras =
       std::any_of(read.GetDES().begin(), read.GetDES().end(),
                   [&](const gdcm::DataElement& de) { return overlay_or_curve(de.GetTag()); });
-  if (!short_grid && !no_frames && !extras) return {};
+  // A Recognition Code (0008,0010) that does not start ACR-NEMA or ACRNEMA: the image reader
+  // asserts that it does (fuzz_image). Only an ACR-NEMA file's is of use to it.
+  const gdcm::Tag code(0x0008, 0x0010);
+  const std::string code_value = element_string(read, code);
+  const bool bad_code = read.FindDataElement(code) && !read.GetDataElement(code).IsEmpty() &&
+                        code_value.rfind("ACR-NEMA", 0) != 0 && code_value.rfind("ACRNEMA", 0) != 0;
+  if (!short_grid && !no_frames && !extras && !bad_code) return {};
   auto cannot = [&]() {
-    COHORT_THROW_AS(DecodeError, name << ": its frame geometry, overlays or curves, which GDCM's "
-                                         "image reader cannot take, cannot be removed");
+    COHORT_THROW_AS(
+        DecodeError,
+        name << ": its frame geometry, overlays, curves or Recognition Code, which GDCM's "
+                "image reader cannot take, cannot be removed");
   };
   gdcm::DataSet& ds = whole.GetFile().GetDataSet();
   std::vector<gdcm::Tag> drop;
   for (const gdcm::DataElement& de : ds.GetDES()) {
     if (overlay_or_curve(de.GetTag())) drop.push_back(de.GetTag());
   }
+  if (bad_code) drop.push_back(code);
   for (const gdcm::Tag& t : drop) ds.Remove(t);
   if (short_grid || no_frames) {
     ds.Remove(increment);
