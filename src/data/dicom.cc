@@ -874,6 +874,14 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
   };
   const auto allocated = bits(0x0100), stored = bits(0x0101), high = bits(0x0102);
   if (!allocated || *allocated == 0) refuse("no Bits Allocated (0028,0100)");
+  // Unused bits in a sample of neither 8 nor 16 bits: GDCM clears unused bits of 16-bit
+  // samples only, and asserts on any other (fuzz_image, 32 bits allocated and 1 stored).
+  if (stored && *stored != *allocated && *allocated != 8 && *allocated != 16) {
+    refuse("Bits Stored (0028,0101) " + std::to_string(*stored) + " in " +
+           std::to_string(*allocated) +
+           " bits allocated; only 8- and 16-bit samples may have "
+           "unused bits");
+  }
   if (stored && *stored > *allocated) {
     refuse("Bits Stored (0028,0101) " + std::to_string(*stored) + " exceeds Bits Allocated " +
            std::to_string(*allocated));
