@@ -184,16 +184,22 @@ TEST(Dicom, NativeAndDecodedPathsAgreeOnEveryTransferSyntax) {
   }
 }
 
+// An 8-bit RGB image of w x h, its pixels zero.
+Image rgb8(int w, int h) {
+  Image im;
+  im.width = w;
+  im.height = h;
+  im.channels = 3;
+  im.bits = 8;
+  im.data.resize(static_cast<size_t>(w) * h * 3);
+  return im;
+}
+
 // Colour DICOM (ultrasound, dermatology, secondary captures): 8-bit RGB, interleaved or planar,
 // native or through GDCM's decoders, comes back as the same interleaved RGB; a region is that
 // rectangle; probing says 3 channels.
 TEST(Dicom, RgbInterleavedAndPlanarDecodeToTheSamePixels) {
-  Image src;
-  src.width = 40;
-  src.height = 30;
-  src.channels = 3;
-  src.bits = 8;
-  src.data.resize(40 * 30 * 3);
+  Image src = rgb8(40, 30);
   for (size_t i = 0; i < src.data.size(); ++i) src.data[i] = static_cast<uint8_t>((i * 37) % 251);
   for (bool planar : {false, true}) {
     DicomWriteOptions o;
@@ -305,12 +311,7 @@ TEST(Dicom, SixteenBitColourAndYbrFull422Decode) {
   // Lossy JPEG (baseline) as GDCM writes it: labelled RGB, its stream YCbCr, which GDCM hands
   // out unconverted ("DICOM says RGB but JPEG says 3"): converted here. A smooth image of
   // distinct colours, so that the loss is small and a wrong colour space is not.
-  Image src;
-  src.width = 32;
-  src.height = 32;
-  src.channels = 3;
-  src.bits = 8;
-  src.data.resize(32 * 32 * 3);
+  Image src = rgb8(32, 32);
   for (int y = 0; y < 32; ++y) {
     for (int x = 0; x < 32; ++x) {
       const uint8_t v[3] = {static_cast<uint8_t>(200 - 3 * x), static_cast<uint8_t>(20 + 4 * y),
