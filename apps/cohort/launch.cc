@@ -34,6 +34,13 @@ namespace {
 
 volatile sig_atomic_t g_signal = 0;
 const std::string kInterrupted = "interrupted by signal ";
+
+// A failure as the rendezvous records it, "<unix seconds> <what>", into its two parts.
+void split_failure(const std::string& recorded, double& at, std::string& what) {
+  const size_t sp = recorded.find(' ');
+  at = std::stod(recorded.substr(0, sp));
+  what = recorded.substr(sp + 1);
+}
 void on_signal(int sig) {
   g_signal = sig;
 }
@@ -296,11 +303,9 @@ Run add_launch(CLI::App& app) {
           if (sig == SIGTERM) ::kill(c.pid, SIGCONT);  // a stopped rank, to take its SIGTERM
         }
       };
-      // The failure recorded by whichever node saw it first: "<unix seconds> <what>".
+      // The failure recorded by whichever node saw it first.
       auto take_failure = [&](const std::string& recorded) {
-        const size_t sp = recorded.find(' ');
-        detected_at = std::stod(recorded.substr(0, sp));
-        failure = recorded.substr(sp + 1);
+        split_failure(recorded, detected_at, failure);
         // A launcher that was asked to stop (SIGINT, SIGTERM) stops the job: no restart.
         if (failure.find(kInterrupted) != std::string::npos) interrupted = true;
       };
@@ -415,17 +420,17 @@ Run add_launch(CLI::App& app) {
       }
       gen = g->number;
       if (rdzv.multi_node()) {
-        std::string left, joined;
+        std::vector<int> left_ids, joined_ids;
         for (int id : members) {
           if (std::find(g->members.begin(), g->members.end(), id) == g->members.end())
-            left += (left.empty() ? "" : ",") + std::to_string(id);
+            left_ids.push_back(id);
         }
         for (int id : g->members) {
           if (!members.empty() && std::find(members.begin(), members.end(), id) == members.end())
-            joined += (joined.empty() ? "" : ",") + std::to_string(id);
+            joined_ids.push_back(id);
         }
-        std::string ids;
-        for (int id : g->members) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+        const std::string ids = join_ids(g->members), left = join_ids(left_ids),
+                          joined = join_ids(joined_ids);
         std::fprintf(stderr,
                      "cohort launch: generation %d: nodes %s (%zu of %d..%d, %zu ranks)%s%s; this "
                      "is node %d, node rank %d\n",
@@ -443,9 +448,7 @@ Run add_launch(CLI::App& app) {
       if (code == 0) {
         // Every rank here ended well; the job is done once every node's did.
         if (auto f = rdzv.finish(*g, o->grace + o->rdzv_timeout)) {
-          const size_t sp = f->find(' ');
-          detected_at = std::stod(f->substr(0, sp));
-          failure = f->substr(sp + 1);
+          split_failure(*f, detected_at, failure);
           code = 1;
         } else {
           rdzv.close_job(true, "");

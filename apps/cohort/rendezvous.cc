@@ -38,11 +38,15 @@ std::vector<int> parse_ids(const std::string& s) {
   return ids;
 }
 
+}  // namespace
+
 std::string join_ids(const std::vector<int>& ids) {
   std::string s;
   for (int id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
   return s;
 }
+
+namespace {
 
 bool loopback(const std::string& host) {
   return host.rfind("127.", 0) == 0 || host == "localhost";
@@ -73,13 +77,23 @@ Rendezvous::Rendezvous(RendezvousOptions o) : o_(std::move(o)) {
   if (!multi_node()) return;
   agents_at_ = o_.master;
   if (o_.node_id == 0) {
-    agents_ = std::make_unique<comm::StoreServer>(
-        loopback(o_.master.host) ? o_.master.host : "0.0.0.0", o_.master.port, o_.token);
+    agents_ = std::make_unique<comm::StoreServer>(bind_host(), o_.master.port, o_.token);
     agents_at_.port = agents_->port();
   }
 }
 
 Rendezvous::~Rendezvous() = default;
+
+// Where node 0 binds its stores: the loopback address it was given, or every interface.
+std::string Rendezvous::bind_host() const {
+  return loopback(o_.master.host) ? o_.master.host : "0.0.0.0";
+}
+
+// Generation 0 keeps the job's token; each later one has its own, so that stragglers of an older
+// generation are refused.
+std::string Rendezvous::token_of(int number) const {
+  return number == 0 ? o_.token : "g" + std::to_string(number) + "x" + o_.token;
+}
 
 // Runs f on node 0's agent store, reconnecting after an error, for up to `seconds`.
 template <typename F>
@@ -111,9 +125,8 @@ std::optional<Generation> Rendezvous::join(int number) {
   if (!multi_node()) {
     g.number = number;
     g.members = {0};
-    g.token = number == 0 ? o_.token : "g" + std::to_string(number) + "x" + o_.token;
-    ranks_ = std::make_unique<comm::StoreServer>(
-        loopback(o_.master.host) ? o_.master.host : "0.0.0.0", o_.master.port, g.token);
+    g.token = token_of(number);
+    ranks_ = std::make_unique<comm::StoreServer>(bind_host(), o_.master.port, g.token);
     g.store = {o_.master.host, ranks_->port()};
     g.torch_port = comm::local_port(comm::listen_tcp(o_.master.host, 0));
     return g;
@@ -162,13 +175,11 @@ std::optional<Generation> Rendezvous::join(int number) {
       g.members = ids;
       if (first_nodes_ == 0) first_nodes_ = static_cast<int>(ids.size());
       g.first_nodes = first_nodes_;
-      g.token = number == 0 ? o_.token : "g" + std::to_string(number) + "x" + o_.token;
-      ranks_ = std::make_unique<comm::StoreServer>(
-          loopback(o_.master.host) ? o_.master.host : "0.0.0.0", 0, g.token);
+      g.token = token_of(number);
+      ranks_ = std::make_unique<comm::StoreServer>(bind_host(), 0, g.token);
       g.store = {o_.master.host, ranks_->port()};
       // Torch's TCPStore port: node 0's rank 0 binds it, the others only need to agree on it.
-      g.torch_port = comm::local_port(
-          comm::listen_tcp(loopback(o_.master.host) ? o_.master.host : "0.0.0.0", 0));
+      g.torch_port = comm::local_port(comm::listen_tcp(bind_host(), 0));
       const std::string layout = std::to_string(g.store.port) + " " + std::to_string(g.torch_port) +
                                  " " + join_ids(ids) + " " + std::to_string(g.first_nodes);
       with_store("publishing a generation", o_.timeout, [&](comm::Store& s) {
@@ -230,7 +241,7 @@ std::optional<Generation> Rendezvous::join(int number) {
     }
     g.number = number;
     g.node_rank = static_cast<int>(at - g.members.begin());
-    g.token = number == 0 ? o_.token : "g" + std::to_string(number) + "x" + o_.token;
+    g.token = token_of(number);
     g.store = {o_.master.host, static_cast<uint16_t>(port)};
     g.torch_port = static_cast<uint16_t>(torch);
     return g;

@@ -39,6 +39,9 @@ struct Generation {
   int first_nodes = 1;       // nodes in the job's first generation (its global batch's)
 };
 
+// "1,2,5": node ids as the log and the store write them.
+std::string join_ids(const std::vector<int>& ids);
+
 class Rendezvous {
  public:
   explicit Rendezvous(RendezvousOptions o);
@@ -67,6 +70,8 @@ class Rendezvous {
   bool multi_node() const { return o_.max_nodes > 1; }
 
  private:
+  std::string bind_host() const;
+  std::string token_of(int number) const;
   template <typename F>
   auto with_store(const char* what, double seconds, F&& f)
       -> decltype(f(std::declval<comm::Store&>()));

@@ -5,7 +5,6 @@
 #include <gdcmGlobal.h>
 #include <gdcmImageReader.h>
 #include <gdcmImageWriter.h>
-#include <gdcmMediaStorage.h>
 #include <gdcmReader.h>
 #include <gdcmSequenceOfItems.h>
 #include <gdcmTrace.h>
@@ -919,43 +918,6 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
   if (!pi.empty() &&
       std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return pi == k; })) {
     refuse("Photometric Interpretation (0028,0004) '" + pi + "' is none DICOM defines");
-  }
-  // A file GDCM takes for ACR-NEMA (no SOP Class anywhere, no meta header or the ACR-NEMA
-  // big-endian syntax) is read by rules that assert on what no ACR-NEMA file holds. (An earlier
-  // fuzz campaign aborted there on a Recognition Code; the structure walk now refuses the inputs
-  // known to get there, and this keeps GDCM's asserts from any other.)
-  const gdcm::FileMetaInformation& header = peek.GetFile().GetHeader();
-  if (!gdcm::MediaStorage::IsImage(header.GetMediaStorage()) &&
-      ds.GetMediaStorage() == gdcm::MediaStorage::MS_END &&
-      (header.GetDataSetTransferSyntax() == gdcm::TransferSyntax::ImplicitVRBigEndianACRNEMA ||
-       header.IsEmpty())) {
-    const gdcm::Tag code(0x0008, 0x0010);
-    if (ds.FindDataElement(code) && !ds.GetDataElement(code).IsEmpty()) {
-      const gdcm::ByteValue* bv = ds.GetDataElement(code).GetByteValue();
-      const std::string c = bv ? std::string(bv->GetPointer(), bv->GetLength()) : "";
-      if (c != "ACR-NEMA 2.0" && c != "ACR-NEMA 1.0" &&
-          std::strcmp(c.c_str(), "ACRNEMA_LIBIDO_1.1") != 0 &&
-          std::strcmp(c.c_str(), "ACRNEMA_LIBIDO_1.0") != 0) {
-        refuse(
-            "an ACR-NEMA file (no SOP Class) whose Recognition Code (0008,0010) is not "
-            "ACR-NEMA 1.0 or 2.0");
-      }
-    }
-    const gdcm::Tag dims(0x0028, 0x0005);
-    if (ds.FindDataElement(dims)) {
-      const std::string d = element_string(ds, dims);
-      if (d.size() != 2) refuse("Image Dimensions (0028,0005) is not one 16-bit value");
-      uint16_t n = 0;
-      std::memcpy(&n, d.data(), 2);
-      if (n == 3 && element_string(ds, gdcm::Tag(0x0028, 0x0012)).size() != 2) {
-        refuse("a 3-dimensional ACR-NEMA image without its Planes (0028,0012)");
-      }
-    }
-    const gdcm::Tag pi_tag(0x0028, 0x0004);
-    if (ds.FindDataElement(pi_tag) && !ds.GetDataElement(pi_tag).IsEmpty() &&
-        !ds.GetDataElement(pi_tag).GetByteValue()) {
-      refuse("Photometric Interpretation (0028,0004) holds no text");
-    }
   }
   if (pi == "PALETTE COLOR") {
     for (uint16_t i = 0; i < 3; ++i) {

@@ -18,13 +18,19 @@ using namespace cohort::data;
 
 namespace {
 
-Image stored16(int w, int h, int lo, int hi) {
+// An image of w x h, its samples zero.
+Image blank(int w, int h, int channels, int bits) {
   Image img;
   img.width = w;
   img.height = h;
-  img.channels = 1;
-  img.bits = 16;
-  img.data.resize(static_cast<size_t>(w) * h * 2);
+  img.channels = channels;
+  img.bits = bits;
+  img.data.resize(static_cast<size_t>(w) * h * channels * (bits / 8));
+  return img;
+}
+
+Image stored16(int w, int h, int lo, int hi) {
+  Image img = blank(w, h, 1, 16);
   for (int i = 0; i < w * h; ++i) {
     int16_t v = static_cast<int16_t>(lo + (static_cast<long>(hi - lo) * i) / (w * h - 1));
     std::memcpy(&img.data[2 * static_cast<size_t>(i)], &v, 2);
@@ -184,22 +190,11 @@ TEST(Dicom, NativeAndDecodedPathsAgreeOnEveryTransferSyntax) {
   }
 }
 
-// An 8-bit RGB image of w x h, its pixels zero.
-Image rgb8(int w, int h) {
-  Image im;
-  im.width = w;
-  im.height = h;
-  im.channels = 3;
-  im.bits = 8;
-  im.data.resize(static_cast<size_t>(w) * h * 3);
-  return im;
-}
-
 // Colour DICOM (ultrasound, dermatology, secondary captures): 8-bit RGB, interleaved or planar,
 // native or through GDCM's decoders, comes back as the same interleaved RGB; a region is that
 // rectangle; probing says 3 channels.
 TEST(Dicom, RgbInterleavedAndPlanarDecodeToTheSamePixels) {
-  Image src = rgb8(40, 30);
+  Image src = blank(40, 30, 3, 8);
   for (size_t i = 0; i < src.data.size(); ++i) src.data[i] = static_cast<uint8_t>((i * 37) % 251);
   for (bool planar : {false, true}) {
     DicomWriteOptions o;
@@ -311,7 +306,7 @@ TEST(Dicom, SixteenBitColourAndYbrFull422Decode) {
   // Lossy JPEG (baseline) as GDCM writes it: labelled RGB, its stream YCbCr, which GDCM hands
   // out unconverted ("DICOM says RGB but JPEG says 3"): converted here. A smooth image of
   // distinct colours, so that the loss is small and a wrong colour space is not.
-  Image src = rgb8(32, 32);
+  Image src = blank(32, 32, 3, 8);
   for (int y = 0; y < 32; ++y) {
     for (int x = 0; x < 32; ++x) {
       const uint8_t v[3] = {static_cast<uint8_t>(200 - 3 * x), static_cast<uint8_t>(20 + 4 * y),
