@@ -16,14 +16,6 @@
 
 namespace cohort::comm::detail {
 
-Engine::Engine(int rank, Topology topo, LinkSet links, const Settings& s)
-    : rank_(rank), topo_(std::move(topo)), links_(std::move(links)), settings_(s) {
-  build_groups();
-  scratch_.resize(4);
-}
-
-Engine::~Engine() = default;
-
 void Engine::build_groups() {
   const auto& h = topo_.host_of_rank;
   const int me = rank_;
@@ -119,6 +111,15 @@ struct Engine::Transfer {
   size_t staged = 0;  // send: bytes of header+payload staged in `stage`
   uint8_t stage[sizeof(wire::MsgHeader) + kInlineBytes];
 };
+
+// Defined here, after Transfer, because xfers_ needs the complete type (clang insists).
+Engine::Engine(int rank, Topology topo, LinkSet links, const Settings& s)
+    : rank_(rank), topo_(std::move(topo)), links_(std::move(links)), settings_(s) {
+  build_groups();
+  scratch_.resize(4);
+}
+
+Engine::~Engine() = default;
 
 void Engine::mismatch(const CollDesc& d, int peer, const wire::MsgHeader& h) {
   COHORT_THROW_AS(CommError, "collective mismatch: this rank issued " << d.str() << " but rank "

@@ -52,7 +52,11 @@ struct Run {
   template <class... A>
   void say(const char* fmt, A... args) const {
     if (!lead) return;
-    std::printf(fmt, args...);
+    if constexpr (sizeof...(A) == 0) {
+      std::fputs(fmt, stdout);
+    } else {
+      std::printf(fmt, args...);
+    }
     std::fflush(stdout);
   }
 };

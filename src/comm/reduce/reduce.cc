@@ -1,5 +1,7 @@
 #include "reduce/reduce.h"
 
+#include <cpuid.h>
+
 #include <cstdint>
 
 #include "cohort/core/error.h"
@@ -15,9 +17,15 @@ void reduce(void* d, const void* a, const void* b, size_t n, DataType t, RedOp o
 }
 
 namespace {
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
 bool use_avx2() {
   static const bool yes = !env::Settings::read().no_avx2 && __builtin_cpu_supports("avx2") &&
-                          __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+                          has_f16c() && __builtin_cpu_supports("fma");
   return yes;
 }
 
