@@ -72,8 +72,10 @@ nlohmann::json read_index(const std::string& dir) {
   } catch (const std::exception& e) {
     COHORT_THROW(path << " is not JSON: " << e.what());
   }
-  COHORT_CHECK(j.value("format", "") == kFormat,
-               path << ": format '" << j.value("format", "") << "', this build reads " << kFormat);
+  COHORT_CHECK(j.is_object(), path << ": expected a JSON object, found " << j.type_name());
+  COHORT_CHECK(j.contains("format") && j["format"] == kFormat,
+               path << ": format " << (j.contains("format") ? j["format"].dump() : "missing")
+                    << ", this build reads \"" << kFormat << "\"");
   for (const char* key : {"model", "step", "epoch", "position", "seed", "world", "mode",
                           "optim_steps", "files", "in_channels", "num_classes", "image_size"}) {
     COHORT_CHECK(j.contains(key), path << ": no '" << key << "'");
@@ -355,7 +357,9 @@ std::string describe_checkpoint(const std::string& dir) {
      << " (epoch " << index["epoch"] << ", sample " << index["position"] << "), written by "
      << index["world"] << " rank(s) under "
      << (mode.rfind("pipeline", 0) == 0 ? mode : "--shard " + mode) << ", optimizer state:";
-  for (const auto& s : index["optim_state"]) os << " " << s.get<std::string>();
+  if (index.contains("optim_state")) {
+    for (const auto& s : index["optim_state"]) os << " " << s.get<std::string>();
+  }
   os << "\n";
   // name -> elements, pieces, and the bytes per file
   std::map<std::string, std::pair<size_t, size_t>> tensors;

@@ -219,7 +219,10 @@ Cluster load_cluster(const std::string& name_or_path) {
   Cluster c;
   if (j.contains("base")) {
     COHORT_CHECK(j["base"].is_string(), path << ": field 'base': expected a preset name");
-    c = preset_cluster(j["base"].get<std::string>());
+    const std::string base = j["base"].get<std::string>();
+    COHORT_CHECK(presets().count(base), path << ": field 'base': no cluster preset '" << base
+                                             << "' (presets: " << preset_list() << ")");
+    c = preset_cluster(base);
   } else {
     c.name = path;
   }

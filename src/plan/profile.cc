@@ -313,6 +313,12 @@ T field(const nlohmann::json& j, const char* key, const std::string& where) {
   }
 }
 
+// An optional field: `fallback` when absent, else of type T.
+template <typename T>
+T field(const nlohmann::json& j, const char* key, const std::string& where, T fallback) {
+  return j.contains(key) ? field<T>(j, key, where) : fallback;
+}
+
 LayerKind parse_kind(const std::string& s, const std::string& where) {
   for (LayerKind k : {LayerKind::conv, LayerKind::linear, LayerKind::norm, LayerKind::pool,
                       LayerKind::add, LayerKind::other}) {
@@ -333,12 +339,16 @@ ModelProfile read_profile(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     COHORT_THROW("profile " << path << ": not JSON: " << e.what());
   }
+  COHORT_CHECK(j.is_object(), "profile " << path << ": expected a JSON object");
   ModelProfile p;
   p.model = field<std::string>(j, "model", path);
   p.image = field<int>(j, "image", path);
-  p.in_channels = j.value("in_channels", 3);
-  p.classes = j.value("classes", 1000);
-  p.source = j.value("source", path);
+  p.in_channels = field<int>(j, "in_channels", path, 3);
+  p.classes = field<int>(j, "classes", path, 1000);
+  p.source = field<std::string>(j, "source", path, path);
+  COHORT_CHECK(p.image > 0 && p.in_channels > 0 && p.classes > 0,
+               path << ": image " << p.image << ", in_channels " << p.in_channels << " and classes "
+                    << p.classes << " must be positive");
   COHORT_CHECK(j.contains("layers") && j["layers"].is_array() && !j["layers"].empty(),
                path << ": field 'layers': expected a non-empty list");
   for (size_t i = 0; i < j["layers"].size(); ++i) {
@@ -346,13 +356,13 @@ ModelProfile read_profile(const std::string& path) {
     const std::string where = path + ": layers[" + std::to_string(i) + "]";
     Layer l;
     l.name = field<std::string>(e, "name", where);
-    l.unit = e.value("unit", l.name);
-    l.kind = parse_kind(e.value("kind", std::string("other")), where);
+    l.unit = field<std::string>(e, "unit", where, l.name);
+    l.kind = parse_kind(field<std::string>(e, "kind", where, "other"), where);
     l.forward_flops = field<double>(e, "forward_flops", where);
     l.parameters = field<int64_t>(e, "parameters", where);
     l.saved_elements = field<double>(e, "saved_elements", where);
-    l.moved_elements = e.value("moved_elements", l.saved_elements);
-    l.measured_ms = e.value("measured_ms", -1.0);
+    l.moved_elements = field<double>(e, "moved_elements", where, l.saved_elements);
+    l.measured_ms = field<double>(e, "measured_ms", where, -1.0);
     COHORT_CHECK(l.forward_flops >= 0 && l.parameters >= 0 && l.saved_elements >= 0,
                  where << ": negative forward_flops, parameters or saved_elements");
     p.layers.push_back(l);
