@@ -2,6 +2,7 @@
 // with resharding, inspecting and consolidating.
 #include "cohort/dist/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -62,13 +63,100 @@ bool parse_piece(const std::string& name, const std::string& prefix, std::string
   return true;
 }
 
-nlohmann::json read_index(const std::string& dir) {
-  const std::string path = checkpoint_index(dir);
-  std::ifstream in(path);
-  COHORT_CHECK(in, "no checkpoint at " << dir << " (cannot read " << path << ")");
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  COHORT_CHECK(in, "cannot read " << path << ": " << errno_string(errno));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Each rank's host, named by the lowest rank on it: ranks of one host share its disk, ranks of
+// different hosts may not (no shared file system is assumed).
+std::vector<int> hosts_of_ranks(comm::Communicator& w) {
+  const int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(w.host()));
+  std::vector<int64_t> all(static_cast<size_t>(w.size()));
+  w.allgather(&mine, all.data(), 1, comm::DataType::i64).wait();
+  std::vector<int> host(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    host[r] = static_cast<int>(std::find(all.begin(), all.end(), all[r]) - all.begin());
+  }
+  return host;
+}
+
+// The rank that keeps a copy of rank r's file: on the next host (hosts in the order of their
+// lowest ranks, the last followed by the first), the rank at r's place among its host's ranks,
+// or that host's last rank. r itself when there is one host.
+int keeper_of(int r, const std::vector<int>& host) {
+  std::vector<int> leads;
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (host[i] == static_cast<int>(i)) leads.push_back(static_cast<int>(i));
+  }
+  if (leads.size() < 2) return r;
+  const size_t at =
+      static_cast<size_t>(std::find(leads.begin(), leads.end(), host[r]) - leads.begin());
+  const int next = leads[(at + 1) % leads.size()];
+  int place = 0;
+  for (int i = 0; i < r; ++i) place += host[i] == host[r];
+  int keeper = next;
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (host[i] != next) continue;
+    keeper = static_cast<int>(i);
+    if (place-- == 0) break;
+  }
+  return keeper;
+}
+
+// A file's bytes to pass to another rank; on a failure, none (the receiver's CRC check then
+// fails too, so no rank waits for bytes that never come) and the reason in `error`.
+std::string bytes_to_pass(const std::string& path, std::string* error) {
+  try {
+    return slurp(path);
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return {};
+  }
+}
+
+// Sends `bytes` (rank `from`) to rank `to`, which returns them; other ranks return nothing.
+std::string pass_bytes(comm::Communicator& w, int from, int to, const std::string& bytes) {
+  std::string got;
+  if (w.rank() == from) {
+    const int64_t n = static_cast<int64_t>(bytes.size());
+    w.send(&n, 1, comm::DataType::i64, to).wait();
+    w.send(bytes.data(), bytes.size(), comm::DataType::u8, to).wait();
+  } else if (w.rank() == to) {
+    int64_t n = 0;
+    w.recv(&n, 1, comm::DataType::i64, from).wait();
+    got.resize(static_cast<size_t>(n));
+    w.recv(got.data(), got.size(), comm::DataType::u8, from).wait();
+  }
+  return got;
+}
+
+// Rank `root`'s bytes on every rank.
+std::string broadcast_bytes(comm::Communicator& w, int root, std::string bytes) {
+  int64_t n = static_cast<int64_t>(bytes.size());
+  w.broadcast(&n, &n, 1, comm::DataType::i64, root).wait();
+  bytes.resize(static_cast<size_t>(n));
+  w.broadcast(bytes.data(), bytes.data(), bytes.size(), comm::DataType::u8, root).wait();
+  return bytes;
+}
+
+// Writes a checkpoint file that came from another rank, checked against its CRC-32C first.
+void write_received(const std::string& path, const std::string& bytes, uint32_t crc) {
+  fs::create_directories(fs::path(path).parent_path());
+  nn::write_file_atomically(path, {{bytes.data(), bytes.size()}}, [&](const std::string& tmp) {
+    const uint32_t got = file_data_crc(tmp);
+    COHORT_CHECK(got == crc, tmp << " arrived with CRC " << got << ", the writer's is " << crc);
+  });
+}
+
+// The index's text, checked field by field; `path` is what errors call it.
+nlohmann::json parse_index(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     COHORT_THROW(path << " is not JSON: " << e.what());
   }
@@ -109,6 +197,12 @@ nlohmann::json read_index(const std::string& dir) {
     }
   }
   return j;
+}
+
+nlohmann::json read_index(const std::string& dir) {
+  const std::string path = checkpoint_index(dir);
+  COHORT_CHECK(fs::exists(path), "no checkpoint at " << dir << " (cannot read " << path << ")");
+  return parse_index(slurp(path), path);
 }
 
 RunPosition position_of(const nlohmann::json& index) {
@@ -207,6 +301,52 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
     }
   }
 
+  // A copy of each file on another host, unless that host already sees it (a shared file
+  // system), so that losing one host loses no shard; each host then gets its own index.
+  const std::vector<int> host = world ? hosts_of_ranks(*world) : std::vector<int>{0};
+  const bool hosts_apart = *std::max_element(host.begin(), host.end()) > 0;
+  if (hosts_apart) {
+    std::vector<int64_t> needed(static_cast<size_t>(size), 0);
+    for (int r = 0; r < size; ++r) {
+      const std::string theirs = sub + "/rank-" + std::to_string(r) + ".safetensors";
+      if (all[2 * static_cast<size_t>(r)] == 1 && keeper_of(r, host) == rank) {
+        needed[static_cast<size_t>(r)] = !fs::exists(dir + "/" + theirs);
+      }
+    }
+    world
+        ->allreduce(needed.data(), needed.data(), needed.size(), comm::DataType::i64,
+                    comm::RedOp::max)
+        .wait();
+    int64_t copied = 0;  // -1: a copy this rank sent or kept failed
+    std::string copy_error;
+    for (int r = 0; r < size; ++r) {
+      if (!needed[static_cast<size_t>(r)]) continue;
+      const int keeper = keeper_of(r, host);
+      const std::string theirs = sub + "/rank-" + std::to_string(r) + ".safetensors";
+      const std::string got = pass_bytes(
+          *world, r, keeper, rank == r ? bytes_to_pass(dir + "/" + file, &copy_error) : "");
+      if (rank == r && !copy_error.empty()) copied = -1;
+      if (rank != keeper) continue;
+      try {
+        write_received(dir + "/" + theirs, got,
+                       static_cast<uint32_t>(all[2 * static_cast<size_t>(r) + 1]));
+      } catch (const std::exception& e) {
+        copied = -1;
+        copy_error = "rank " + std::to_string(rank) + " could not keep the copy of rank " +
+                     std::to_string(r) + "'s shard: " + e.what();
+      }
+    }
+    int64_t worst = copied;
+    world->allreduce(&copied, &worst, 1, comm::DataType::i64, comm::RedOp::min).wait();
+    COHORT_CHECK(worst >= 0,
+                 "checkpoint at step "
+                     << pos.step << ": "
+                     << (copy_error.empty() ? "a copy on another host failed (see its rank's log)"
+                                            : copy_error)
+                     << "; " << dir << " keeps the previous checkpoint");
+  }
+
+  std::string index_text;
   if (rank == 0) {
     nlohmann::json files = nlohmann::json::array();
     for (int r = 0; r < size; ++r) {
@@ -232,13 +372,20 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
                             {"optim_steps", opt.steps()},
                             {"optim_state", states},
                             {"files", files}};
-    const std::string text = index.dump(1) + "\n";
-    nn::write_file_atomically(checkpoint_index(dir), {{text.data(), text.size()}});
+    index_text = index.dump(1) + "\n";
+  }
+  if (hosts_apart) index_text = broadcast_bytes(*world, 0, index_text);
+  // The first rank of each host writes the index there, last (a host that neither wrote nor
+  // kept a file gets the index alone; a restart fetches the files, see share_checkpoint).
+  if (host[static_cast<size_t>(rank)] == rank) {
+    fs::create_directories(dir);
+    nn::write_file_atomically(checkpoint_index(dir), {{index_text.data(), index_text.size()}});
     // The index names the new files: the older ones (and any a crash left half-written) go.
-    for (const auto& e : fs::directory_iterator(dir)) {
+    // On a file system the hosts share, their first ranks may be removing the same ones.
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
-      if (e.is_directory() && name.rfind("step-", 0) == 0 && name != sub) {
-        std::error_code ec;
+      if (e.is_directory(ec) && name.rfind("step-", 0) == 0 && name != sub) {
         fs::remove_all(e.path(), ec);
       }
     }
@@ -332,6 +479,99 @@ RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer*
                path << ": " << buffers_found << " of " << m.buffers().size() << " buffers found");
   if (opt) opt->set_steps(index["optim_steps"].get<int64_t>());
   return position_of(index);
+}
+
+SharedCheckpoint share_checkpoint(const std::string& dir, comm::Communicator* world) {
+  const std::string index_path = checkpoint_index(dir);
+  const bool have = fs::exists(index_path);
+  SharedCheckpoint out;
+  if (!world || world->size() == 1) {
+    out.found = have;
+    if (have) out.step = read_index(dir)["step"].get<int64_t>();
+    return out;
+  }
+  const std::vector<int> host = hosts_of_ranks(*world);
+  const int rank = world->rank();
+  // The newest index any rank reads (-1: none; -2: damaged, which another host's may replace).
+  int64_t step = -1;
+  std::string text, damage;
+  if (have) {
+    try {
+      text = slurp(index_path);
+      step = parse_index(text, index_path)["step"].get<int64_t>();
+    } catch (const std::exception& e) {
+      step = -2;
+      damage = e.what();
+    }
+  }
+  std::vector<int64_t> steps(static_cast<size_t>(world->size()));
+  world->allgather(&step, steps.data(), 1, comm::DataType::i64).wait();
+  const int64_t best = *std::max_element(steps.begin(), steps.end());
+  if (best == -2) {
+    COHORT_CHECK(step != -2, damage);
+    COHORT_THROW(dir << ": rank " << std::find(steps.begin(), steps.end(), -2) - steps.begin()
+                     << "'s checkpoint index is damaged and no rank has another");
+  }
+  if (best < 0) return out;
+  out.found = true;
+  out.step = best;
+  const int source = static_cast<int>(std::find(steps.begin(), steps.end(), best) - steps.begin());
+  text = broadcast_bytes(*world, source, step == best ? text : std::string());
+  const nlohmann::json index =
+      parse_index(text, index_path + " (rank " + std::to_string(source) + "'s)");
+
+  // Which rank sees which file.
+  const nlohmann::json& files = index["files"];
+  std::vector<uint8_t> mine(files.size()), seen(files.size() * host.size());
+  for (size_t f = 0; f < files.size(); ++f) {
+    mine[f] = fs::exists(dir + "/" + files[f]["path"].get<std::string>());
+  }
+  world->allgather(mine.data(), seen.data(), mine.size(), comm::DataType::u8).wait();
+  int64_t ok = 1;
+  std::string error;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string name = files[f]["path"].get<std::string>();
+    int holder = -1;
+    bool lacking = false;
+    for (size_t r = 0; r < host.size(); ++r) {
+      if (seen[r * files.size() + f] && holder < 0) holder = static_cast<int>(r);
+      lacking = lacking || !seen[r * files.size() + f];
+    }
+    COHORT_CHECK(holder >= 0, dir << ": the checkpoint at step " << best << " names " << name
+                                  << ", which no rank's host holds (was it written by more than "
+                                     "one host that is gone?)");
+    if (!lacking) continue;
+    const std::string bytes = broadcast_bytes(
+        *world, holder, rank == holder ? bytes_to_pass(dir + "/" + name, &error) : std::string());
+    if (!error.empty()) ok = -1;
+    out.files_passed += 1;
+    out.bytes_passed += bytes.size();
+    // The first rank of each host that lacks the file writes it there.
+    if (!mine[f] && host[static_cast<size_t>(rank)] == rank) {
+      try {
+        write_received(dir + "/" + name, bytes, files[f]["crc32c"].get<uint32_t>());
+      } catch (const std::exception& e) {
+        ok = -1;
+        error = e.what();
+      }
+    }
+  }
+  // Then the index, where it is older or missing.
+  if (ok == 1 && step != best && host[static_cast<size_t>(rank)] == rank) {
+    try {
+      fs::create_directories(dir);
+      nn::write_file_atomically(index_path, {{text.data(), text.size()}});
+    } catch (const std::exception& e) {
+      ok = -1;
+      error = e.what();
+    }
+  }
+  int64_t worst = ok;
+  world->allreduce(&ok, &worst, 1, comm::DataType::i64, comm::RedOp::min).wait();
+  COHORT_CHECK(worst == 1,
+               dir << ": fetching the checkpoint at step " << best << " from other hosts failed"
+                   << (error.empty() ? " on another rank (see its log)" : ": " + error));
+  return out;
 }
 
 RunPosition read_checkpoint_position(const std::string& dir) {

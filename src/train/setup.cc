@@ -195,13 +195,25 @@ Run set_up(const TrainConfig& config) {
   // Restarted by `cohort launch --max-restarts` (or torchrun): continue from the run's own
   // checkpoint, when it wrote one before the failure. With fewer (or more) ranks than the run
   // that wrote it, the global batch is kept by changing the accumulation, where it divides.
+  // No shared file system is assumed: each host reads its own copy of the folder, and
+  // share_checkpoint first fetches what this host lacks from the others.
+  auto share = [&](const std::string& dir) {
+    const dist::SharedCheckpoint s = dist::share_checkpoint(dir, r.world.get());
+    if (s.files_passed > 0) {
+      r.say(
+          "train: checkpoint at step %lld: %d file(s) (%.1f MB) that a host lacked in %s were "
+          "passed from another host\n",
+          static_cast<long long>(s.step), s.files_passed, s.bytes_passed / 1e6, dir.c_str());
+    }
+    return s.found;
+  };
   std::string resume = c.resume;
+  if (!resume.empty()) share(resume);
   const std::string generation = env::get_or("COHORT_RESTART_COUNT", "0");
   std::string batch_change;
   int sampler_groups = 1;
   if (generation != "0") {
-    const bool have = !c.checkpoint_dir.empty() &&
-                      std::filesystem::exists(dist::checkpoint_index(c.checkpoint_dir));
+    const bool have = !c.checkpoint_dir.empty() && resume.empty() && share(c.checkpoint_dir);
     if (resume.empty() && have) resume = c.checkpoint_dir;
     const std::string failed = env::get_or("COHORT_RESTART_FAILED_AT", "");
     r.restart = {{"generation", std::stoi(generation)},

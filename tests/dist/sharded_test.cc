@@ -484,6 +484,84 @@ TEST(Sharded, CheckpointsReshardAcrossWorldSizesAndModes) {
   }
 }
 
+// Two emulated hosts (two launchers on loopback, COHORT_HOST_ID apart), each writing to a
+// folder of its own as on hosts without a shared file system. Under zero1 every rank writes its
+// shard, and each shard is also kept on the other host: host 0's folder alone resumes the run
+// with the weights it had; a host that comes back with an empty folder fetches the checkpoint
+// from the other and the run ends, bit for bit, where an uninterrupted one ends.
+TEST(Sharded, CheckpointsKeepEveryShardOnAnotherHost) {
+  testing::TempDir dir;
+  const std::string data = testing::make_scan_set(dir.file("scans"), 72, 24);
+  const std::string args = " --model smallcnn --data " + data +
+                           " --epochs 1 --image-size 24 --optimizer adamw --lr 0.01 "
+                           "--log-every 100 --shard zero1 --threads 1";
+  // Both hosts' launchers; host h adds extra(h). Returns host 0's output.
+  auto two_hosts = [&](const std::function<std::string(int)>& extra) {
+    const std::string port = std::to_string(testing::free_port());
+    std::string cmd = "COHORT_JOB_TOKEN=two-hosts-" + port + "; export COHORT_JOB_TOKEN; ";
+    for (int h : {1, 0}) {
+      cmd += "COHORT_HOST_ID=host" + std::to_string(h) + " timeout 120 " + testing::cohort_bin() +
+             " launch --nproc-per-node 2 --nnodes 2 --node-rank " + std::to_string(h) +
+             " --master 127.0.0.1:" + port + " -- " + testing::cohort_bin() + " train " + args +
+             " --batch 3" + extra(h) +
+             (h == 1 ? " > " + dir.file("host1.log") + " 2>&1 & p=$!; "
+                     : "; s=$?; wait $p && exit $s");
+    }
+    const auto r = testing::sh(cmd);
+    EXPECT_EQ(r.code, 0) << cmd << "\n"
+                         << r.out << "\nhost 1:\n"
+                         << testing::sh("cat " + dir.file("host1.log")).out;
+    return r.out;
+  };
+  auto folder = [&](const std::string& name, int h) {
+    return dir.file(name) + "/host" + std::to_string(h);
+  };
+  auto files_in = [](const std::string& f) {
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (const auto& e : fs::recursive_directory_iterator(f, ec)) {
+      if (e.is_regular_file()) names.push_back(e.path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> whole = {"checkpoint.json", "rank-0.safetensors",
+                                          "rank-1.safetensors", "rank-2.safetensors",
+                                          "rank-3.safetensors"};
+
+  // The uninterrupted run: 4 steps.
+  two_hosts([&](int h) { return " --max-steps 4" + (h ? "" : " --save " + dir.file("ref")); });
+  // 2 steps, a checkpoint in each host's folder: each holds every shard.
+  two_hosts([&](int h) {
+    return " --max-steps 2 --checkpoint-dir " + folder("ck", h) +
+           (h ? "" : " --save " + dir.file("at2"));
+  });
+  EXPECT_EQ(files_in(folder("ck", 0)), whole);
+  EXPECT_EQ(files_in(folder("ck", 1)), whole);
+
+  // Host 1 lost: host 0's folder alone gives the weights of step 2 to 2 ranks on one host.
+  fs::remove_all(folder("ck", 1));
+  const auto alone = testing::sh(launch(2, args + " --batch 6 --max-steps 2 --resume " +
+                                               folder("ck", 0) + " --save " + dir.file("alone")));
+  EXPECT_EQ(alone.code, 0) << alone.out;
+  EXPECT_EQ(testing::sh("cmp " + dir.file("at2") + "/model.safetensors " + dir.file("alone") +
+                        "/model.safetensors")
+                .code,
+            0);
+
+  // Host 1 back with an empty folder: it fetches the checkpoint, and the run goes on to step 4.
+  const std::string out = two_hosts([&](int h) {
+    return " --max-steps 4 --resume " + folder("ck", h) + (h ? "" : " --save " + dir.file("end"));
+  });
+  EXPECT_NE(out.find("train: checkpoint at step 2: 4 file(s)"), std::string::npos) << out;
+  EXPECT_EQ(files_in(folder("ck", 1)), whole);
+  EXPECT_EQ(testing::sh("cmp " + dir.file("ref") + "/model.safetensors " + dir.file("end") +
+                        "/model.safetensors")
+                .code,
+            0)
+      << "the resumed run does not end where the uninterrupted one does";
+}
+
 // A job killed while its ranks write a checkpoint resumes from the previous one, on another
 // number of ranks under another mode.
 TEST(Sharded, JobKilledMidCheckpointResumesFromThePreviousOne) {

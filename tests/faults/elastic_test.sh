@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Restarts across hosts (tools/netns-cluster, 2 emulated hosts x 2 ranks), `cohort train` with a
-# checkpoint every 3 steps under `cohort launch --max-restarts 2`:
+# checkpoint every 3 steps under `cohort launch --max-restarts 2`, each host writing to a folder
+# of its own (no shared file system; each host also keeps a copy of the other's files):
 #  1. --nnodes 2: a rank on host 1 is SIGKILLed; both launchers stop their ranks, form
 #     generation 1 together, and the run resumes and ends with the weights of an uninterrupted
 #     2 x 2 run, bit for bit.
-#  2. --nnodes 1:2: host 1's launcher is SIGKILLed and started again at once (the host comes
-#     back); it joins generation 1: the same world, the same bits.
+#  2. --nnodes 1:2: host 1's launcher is SIGKILLed and started again at once with an empty
+#     folder (the host comes back with a new disk); it joins generation 1, fetches the checkpoint
+#     from host 0: the same world, the same bits.
 #  3. --nnodes 1:2: host 1's launcher is SIGKILLed for good; host 0 goes on alone in
 #     generation 1 with 2 ranks; accumulation 1 -> 2 keeps the global batch of 16, each rank
 #     taking the batches of two old ranks in turn, and the run ends with the parameters of the
@@ -73,9 +75,9 @@ wait_both
 [ "${codes[*]}" = "0 0" ] || fail "the uninterrupted run exited ${codes[*]}: $(tail -5 "$dir"/ref.*.log)"
 
 # 1. A rank of host 1 killed.
-launcher 0 kill 29712 2 --checkpoint-dir "$dir/ck1" --checkpoint-every 3 --save "$dir/got1"
-launcher 1 kill 29712 2 --checkpoint-dir "$dir/ck1" --checkpoint-every 3
-wait_checkpoint "$dir/ck1"
+launcher 0 kill 29712 2 --checkpoint-dir "$dir/ck1/host0" --checkpoint-every 3 --save "$dir/got1"
+launcher 1 kill 29712 2 --checkpoint-dir "$dir/ck1/host1" --checkpoint-every 3
+wait_checkpoint "$dir/ck1/host0"
 victim=$(pgrep -P "$(launcher_pid 1)" | head -1)
 [ -n "$victim" ] || fail "no rank on host 1 to kill"
 kill -9 "$victim"
@@ -84,33 +86,38 @@ wait_both
 grep -q "restart 1 of 2 (generation 1): node 1: rank [23] (pid $victim) was killed by signal 9" "$dir/kill.0.log" ||
   fail "host 0's launcher does not name the killed rank: $(grep 'cohort launch' "$dir/kill.0.log")"
 grep -q "generation 1: nodes 0,1 (2 of 2..2, 4 ranks)" "$dir/kill.1.log" || fail "no generation 1 on host 1"
-grep -q "train: resumed from $dir/ck1 at step [1-9]" "$dir/kill.0.log" || fail "no resume: $(grep -m3 train: "$dir/kill.0.log")"
+grep -q "train: resumed from $dir/ck1/host0 at step [1-9]" "$dir/kill.0.log" || fail "no resume: $(grep -m3 train: "$dir/kill.0.log")"
 cmp -s "$dir/ref/model.safetensors" "$dir/got1/model.safetensors" ||
   fail "after a killed rank the weights differ from the uninterrupted run's"
 echo "PASS: a rank of host 1 killed: restarted on both hosts, weights identical"
 
 # 2. Host 1's launcher killed and started again at once.
-launcher 0 back 29713 1:2 --checkpoint-dir "$dir/ck2" --checkpoint-every 3 --save "$dir/got2"
-launcher 1 back 29713 1:2 --checkpoint-dir "$dir/ck2" --checkpoint-every 3
-wait_checkpoint "$dir/ck2"
+launcher 0 back 29713 1:2 --checkpoint-dir "$dir/ck2/host0" --checkpoint-every 3 --save "$dir/got2"
+launcher 1 back 29713 1:2 --checkpoint-dir "$dir/ck2/host1" --checkpoint-every 3
+wait_checkpoint "$dir/ck2/host1"
 lp=$(launcher_pid 1)
 kill -9 "$lp"
 wait "${pids[1]}" 2>/dev/null
-launcher 1 back 29713 1:2 --checkpoint-dir "$dir/ck2" --checkpoint-every 3
+rm -rf "$dir/ck2/host1"  # it comes back with an empty disk
+launcher 1 back 29713 1:2 --checkpoint-dir "$dir/ck2/host1" --checkpoint-every 3
 wait_both
 [ "${codes[*]}" = "0 0" ] || fail "after host 1 came back the launchers exited ${codes[*]}: $(tail -5 "$dir"/back.*.log)"
 grep -q "generation 1: nodes 0,1 (2 of 1..2, 4 ranks)" "$dir/back.0.log" ||
   fail "host 1 did not rejoin in generation 1: $(grep 'cohort launch' "$dir/back.0.log")"
+grep -q "train: checkpoint at step [1-9]*: 1 file(s) (.* MB) that a host lacked" "$dir/back.0.log" ||
+  fail "host 1's empty folder was not given the checkpoint: $(grep -m3 'train:.*checkpoint' "$dir/back.0.log")"
+[ -f "$dir/ck2/host1/checkpoint.json" ] || fail "host 1's folder has no checkpoint after the restart"
 cmp -s "$dir/ref/model.safetensors" "$dir/got2/model.safetensors" ||
   fail "after host 1 came back the weights differ from the uninterrupted run's"
-echo "PASS: host 1's launcher killed and started again: it rejoined, weights identical"
+echo "PASS: host 1's launcher killed and started again with an empty disk: it rejoined, fetched the checkpoint, weights identical"
 
 # 3. Host 1's launcher killed for good: host 0 goes on alone.
-launcher 0 shrink 29714 1:2 --checkpoint-dir "$dir/ck3" --checkpoint-every 3 --save "$dir/got3" \
+launcher 0 shrink 29714 1:2 --checkpoint-dir "$dir/ck3/host0" --checkpoint-every 3 --save "$dir/got3" \
   --json "$dir/got3.json"
-launcher 1 shrink 29714 1:2 --checkpoint-dir "$dir/ck3" --checkpoint-every 3
-wait_checkpoint "$dir/ck3"
+launcher 1 shrink 29714 1:2 --checkpoint-dir "$dir/ck3/host1" --checkpoint-every 3
+wait_checkpoint "$dir/ck3/host1"
 kill -9 "$(launcher_pid 1)"
+rm -rf "$dir/ck3/host1"  # host 1 is gone with its disk
 wait_both
 [ "${codes[0]}" = 0 ] || fail "host 0 alone exited ${codes[0]}: $(tail -8 "$dir/shrink.0.log")"
 log=$dir/shrink.0.log
@@ -141,9 +148,9 @@ sys.exit(0 if num / den < 1e-5 else 1)
 EOF
 echo "PASS: host 1 lost for good: host 0 finished alone with accumulation 2"
 # 4. Host 1's launcher asked to stop (SIGTERM): the job stops on both hosts, without a restart.
-launcher 0 stop 29715 1:2 --checkpoint-dir "$dir/ck4" --checkpoint-every 3
-launcher 1 stop 29715 1:2 --checkpoint-dir "$dir/ck4" --checkpoint-every 3
-wait_checkpoint "$dir/ck4"
+launcher 0 stop 29715 1:2 --checkpoint-dir "$dir/ck4/host0" --checkpoint-every 3
+launcher 1 stop 29715 1:2 --checkpoint-dir "$dir/ck4/host1" --checkpoint-every 3
+wait_checkpoint "$dir/ck4/host0"
 kill -TERM "$(launcher_pid 1)"
 wait_both
 [ "${codes[0]}" != 0 ] && [ "${codes[1]}" != 0 ] || fail "after a SIGTERM the launchers exited ${codes[*]}"

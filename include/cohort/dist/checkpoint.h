@@ -7,11 +7,13 @@
 // writes, everything. Each file is written to a temporary name, fsynced, read back and checked
 // against its CRC-32C, then renamed; once every rank has written, rank 0 replaces the index
 // (atomically, with each file's CRC) and only then removes the older step directories. A crash
-// or a full disk at any point leaves the previous checkpoint whole. Loading reads the index and
+// or a full disk at any point leaves the previous checkpoint whole. No shared file system is
+// assumed: when the ranks span hosts, each file is also kept on the next host (unless that host
+// already sees it), and each host's first rank writes the index into its own DIR; before a
+// resume, share_checkpoint gives every host the files it lacks. Loading reads the index and
 // every file and copies the overlap of each saved piece with each piece this rank needs, so a
-// checkpoint loads at any world size and under any mode (the directory must be readable by
-// every rank, as torch.distributed.checkpoint's). Randomness needs no state: every draw is keyed
-// on (seed, epoch, sample), so position and seed restore it.
+// checkpoint loads at any world size and under any mode. Randomness needs no state: every draw
+// is keyed on (seed, epoch, sample), so position and seed restore it.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +50,18 @@ void save_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt,
 RunPosition load_checkpoint(const std::string& dir, nn::Model& m, nn::Optimizer& opt);
 
 std::string checkpoint_index(const std::string& dir);  // DIR/checkpoint.json
+
+// Collective over `world` (null: this process alone): makes this host's DIR hold the newest
+// checkpoint any rank's DIR holds, fetching from other hosts the files it lacks (a host that
+// came back with an empty disk, or one whose peer host is gone), checked against the index's
+// CRCs. A file that no host holds is an error naming it.
+struct SharedCheckpoint {
+  bool found = false;  // DIR now holds a checkpoint
+  int64_t step = 0;
+  int files_passed = 0;  // files some host lacked, passed between hosts
+  uint64_t bytes_passed = 0;
+};
+SharedCheckpoint share_checkpoint(const std::string& dir, comm::Communicator* world);
 // The position alone, from the index (a restarted run decides its accumulation from it).
 RunPosition read_checkpoint_position(const std::string& dir);
 // `cohort checkpoint inspect`: step, world, mode, files, and every tensor with its size.
