@@ -946,6 +946,93 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
   }
 }
 
+// DICOM RLE Lossless (PS3.5 Annex G), one frame: a 64-byte header (the segment count and 15
+// offsets, little-endian 32-bit), then PackBits segments; segment k holds byte k % `bytes` (the
+// most significant first) of sample k / `bytes` of every pixel. Returns interleaved
+// little-endian samples. Used where GDCM 3.0 gets RLE wrong: 16-bit colour, whose segments its
+// decoder places rotated by three bytes (checked against pydicom's decoder on files pydicom's
+// encoder wrote, and on pydicom's SC_rgb_rle_16bit.dcm).
+std::vector<uint8_t> decode_rle_frame(std::span<const uint8_t> frame, int samples, int bytes,
+                                      size_t pixels, const std::string& name) {
+  auto le32 = [&](size_t at) {
+    uint32_t v;
+    std::memcpy(&v, frame.data() + at, 4);
+    return v;
+  };
+  const size_t count = static_cast<size_t>(samples) * static_cast<size_t>(bytes);
+  if (frame.size() < 64 || le32(0) != count) {
+    COHORT_THROW_AS(DecodeError, name << ": RLE frame of " << frame.size() << " bytes with "
+                                      << (frame.size() < 64 ? 0 : le32(0)) << " segments; " << count
+                                      << " expected");
+  }
+  std::vector<uint8_t> out(pixels * count);
+  for (size_t k = 0; k < count; ++k) {
+    const size_t begin = le32(4 + 4 * k);
+    const size_t end = k + 1 < count ? le32(8 + 4 * k) : frame.size();
+    if (begin < 64 || begin > end || end > frame.size()) {
+      COHORT_THROW_AS(DecodeError, name << ": RLE segment " << k << " spans bytes " << begin << ".."
+                                        << end << " of a frame of " << frame.size());
+    }
+    const size_t sample = k / static_cast<size_t>(bytes);
+    const size_t byte = static_cast<size_t>(bytes) - 1 - k % static_cast<size_t>(bytes);
+    size_t pos = 0, p = begin;
+    auto put = [&](uint8_t v) {
+      if (pos < pixels) out[(pos * static_cast<size_t>(samples) + sample) * bytes + byte] = v;
+      ++pos;
+    };
+    while (pos < pixels && p < end) {
+      const int n = static_cast<int8_t>(frame[p++]);
+      if (n >= 0) {  // n + 1 bytes as they are
+        if (p + static_cast<size_t>(n) + 1 > end) break;
+        for (int i = 0; i <= n; ++i) put(frame[p + static_cast<size_t>(i)]);
+        p += static_cast<size_t>(n) + 1;
+      } else if (n != -128) {  // the next byte 1 - n times
+        if (p >= end) break;
+        const uint8_t v = frame[p++];
+        for (int i = 0; i < 1 - n; ++i) put(v);
+      }
+    }
+    if (pos < pixels) {
+      COHORT_THROW_AS(DecodeError, name << ": RLE segment " << k << " holds " << pos << " of "
+                                        << pixels << " pixels");
+    }
+  }
+  return out;
+}
+
+// The first fragment of encapsulated pixel data (the first frame's), or null.
+const gdcm::ByteValue* first_fragment(const gdcm::DataSet& ds) {
+  const gdcm::Tag tag(0x7fe0, 0x0010);
+  if (!ds.FindDataElement(tag)) return nullptr;
+  const gdcm::SequenceOfFragments* frags = ds.GetDataElement(tag).GetSequenceOfFragments();
+  return frags && frags->GetNumberOfFragments() > 0 ? frags->GetFragment(0).GetByteValue()
+                                                    : nullptr;
+}
+
+// Whether a JPEG stream says its three components are YCbCr: a JFIF header, or an Adobe one
+// with a colour transform. Without either, libjpeg assumes YCbCr (unless the component ids are
+// 'R', 'G', 'B'), which is wrong for RGB streams that carry no marker (pydicom's
+// SC_jpeg_no_color_transform.dcm).
+bool jpeg_declares_ycbcr(const uint8_t* p, size_t n) {
+  size_t i = 2;  // after SOI
+  while (i + 4 <= n && p[i] == 0xff) {
+    const uint8_t m = p[i + 1];
+    if (m == 0xff) {  // fill byte
+      ++i;
+      continue;
+    }
+    if (m == 0xda || m == 0xd9) break;  // start of scan, end of image
+    const size_t len = static_cast<size_t>(p[i + 2]) << 8 | p[i + 3];
+    if (len < 2 || i + 2 + len > n) break;
+    const uint8_t* payload = p + i + 4;
+    const size_t size = len - 2;
+    if (m == 0xe0 && size >= 5 && std::memcmp(payload, "JFIF\0", 5) == 0) return true;
+    if (m == 0xee && size >= 12 && std::memcmp(payload, "Adobe", 5) == 0) return payload[11] != 0;
+    i += 2 + len;
+  }
+  return false;
+}
+
 StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string& name) {
   check_pixel_module(bytes, name);
   const std::string repaired = repaired_for_gdcm(bytes, name);
@@ -1026,12 +1113,22 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
     }
   }
   std::vector<uint8_t> raw(len);
-  if (!img.GetBuffer(reinterpret_cast<char*>(raw.data()))) {
+  const size_t frame_px = static_cast<size_t>(W) * H;
+  // RLE's segments are planes whatever Planar Configuration says; decoded here, interleaved.
+  const bool rle_colour_16 =
+      ts == gdcm::TransferSyntax::RLELossless && samples == 3 && pf.GetBitsAllocated() == 16;
+  if (rle_colour_16) {
+    const gdcm::ByteValue* first = first_fragment(file.GetDataSet());
+    if (!first) COHORT_THROW_AS(DecodeError, name << ": RLE pixel data without a fragment");
+    raw = decode_rle_frame(
+        {reinterpret_cast<const uint8_t*>(first->GetPointer()), first->GetLength()}, 3, 2, frame_px,
+        name);
+  } else if (!img.GetBuffer(reinterpret_cast<char*>(raw.data()))) {
     COHORT_THROW_AS(DecodeError, name << ": pixel data cannot be decoded (transfer syntax "
                                       << reader.GetFile().GetHeader().GetDataSetTransferSyntax()
                                       << ")");
   }
-  const size_t px = static_cast<size_t>(W) * H;  // first frame only
+  const size_t px = frame_px;  // first frame only
   const int alloc = pf.GetBitsAllocated();
   const bool grey_1_or_32 = samples == 1 && (alloc == 1 || alloc == 32);
   const size_t need = alloc == 1 ? (px + 7) / 8 : px * static_cast<size_t>(alloc / 8) * samples;
@@ -1073,25 +1170,26 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   // come as stored. Checked against pydicom on its colour test files.
   const bool jpeg_family = ts.IsEncapsulated() && ts != gdcm::TransferSyntax::RLELossless;
   // Except a JPEG labelled RGB whose stream is YCbCr (GDCM's own JPEG writer makes such files):
-  // GDCM then trusts the label and hands out Y, Cb, Cr. libjpeg's reading of the stream decides.
+  // GDCM then trusts the label and hands out Y, Cb, Cr. The stream decides where it says so
+  // (JFIF, Adobe's transform) or where its chroma is subsampled, which no RGB stream is; a
+  // stream that says nothing keeps the label.
   bool jpeg_ycbcr = false;
   if (samples == 3 && jpeg_family && pi == gdcm::PhotometricInterpretation::RGB) {
-    const gdcm::DataElement& de = file.GetDataSet().GetDataElement(gdcm::Tag(0x7fe0, 0x0010));
-    const gdcm::SequenceOfFragments* frags = de.GetSequenceOfFragments();
-    const gdcm::ByteValue* first =
-        frags && frags->GetNumberOfFragments() > 0 ? frags->GetFragment(0).GetByteValue() : nullptr;
+    const gdcm::ByteValue* first = first_fragment(file.GetDataSet());
     tjhandle tj = tjInitDecompress();
     int w = 0, h = 0, sub = 0, cs = -1;
     if (tj && first &&
         tjDecompressHeader3(tj, reinterpret_cast<const unsigned char*>(first->GetPointer()),
                             first->GetLength(), &w, &h, &sub, &cs) == 0) {
-      jpeg_ycbcr = cs == TJCS_YCbCr;
+      const auto* stream = reinterpret_cast<const uint8_t*>(first->GetPointer());
+      jpeg_ycbcr = cs == TJCS_YCbCr && (jpeg_declares_ycbcr(stream, first->GetLength()) ||
+                                        (sub != TJSAMP_444 && sub != TJSAMP_GRAY));
     }
     if (tj) tjDestroy(tj);
   }
   if (samples == 3)
     to_interleaved_rgb(
-        raw, px, img.GetPlanarConfiguration() == 1,
+        raw, px, img.GetPlanarConfiguration() == 1 && !rle_colour_16,
         ((pi == gdcm::PhotometricInterpretation::YBR_FULL || ybr422) && !jpeg_family) ||
             jpeg_ycbcr);
   return StoredPixels{f, nullptr, std::move(raw), file_window(reader.GetFile().GetDataSet())};

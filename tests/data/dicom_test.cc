@@ -6,7 +6,11 @@
 #include <gdcmImageWriter.h>
 #include <gdcmReader.h>
 #include <gdcmWriter.h>
+// jpeglib.h needs FILE and size_t declared first.
 #include <gtest/gtest.h>
+#include <jpeglib.h>
+#include <cstdio>
+#include <cstdlib>
 
 #include <algorithm>
 #include <cmath>
@@ -333,6 +337,158 @@ TEST(Dicom, SixteenBitColourAndYbrFull422Decode) {
   } catch (const cohort::Error& e) {
     EXPECT_NE(std::string(e.what()).find("short422.dcm"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+
+// `plain` with its pixel data replaced by one fragment holding `frame` (another encoder's than
+// GDCM's), under transfer syntax `ts`.
+std::vector<uint8_t> encapsulated(const std::vector<uint8_t>& plain, const gdcm::TransferSyntax& ts,
+                                  std::vector<uint8_t> frame) {
+  std::istringstream in(std::string(plain.begin(), plain.end()));
+  gdcm::Reader r;
+  r.SetStream(in);
+  if (!r.Read()) return {};
+  if (frame.size() % 2) frame.push_back(0);
+  gdcm::Fragment fragment;
+  fragment.SetByteValue(reinterpret_cast<const char*>(frame.data()),
+                        static_cast<uint32_t>(frame.size()));
+  gdcm::SmartPointer<gdcm::SequenceOfFragments> fragments = new gdcm::SequenceOfFragments;
+  fragments->AddFragment(fragment);
+  gdcm::DataElement pixels(gdcm::Tag(0x7fe0, 0x0010));
+  pixels.SetValue(*fragments);
+  pixels.SetVLToUndefined();  // before the VR: GDCM asserts on an undefined length for OB
+  pixels.SetVR(gdcm::VR::OB);
+  r.GetFile().GetDataSet().Replace(pixels);
+  r.GetFile().GetHeader().SetDataSetTransferSyntax(ts);
+  gdcm::Writer w;
+  w.SetFile(r.GetFile());
+  std::ostringstream os;
+  w.SetStream(os);
+  if (!w.Write()) return {};
+  const std::string s = os.str();
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+// DICOM RLE Lossless (PS3.5 Annex G) of 16-bit samples, written from the standard: one segment
+// per byte of each sample, the most significant first, each PackBits (runs of a repeated byte,
+// and literal runs).
+std::vector<uint8_t> rle_frame(const std::vector<uint16_t>& values, int samples) {
+  std::vector<uint8_t> out(64, 0);
+  const size_t pixels = values.size() / static_cast<size_t>(samples);
+  uint32_t count = static_cast<uint32_t>(samples) * 2;
+  std::memcpy(out.data(), &count, 4);
+  for (uint32_t k = 0; k < count; ++k) {
+    const uint32_t at = static_cast<uint32_t>(out.size());
+    std::memcpy(out.data() + 4 + 4 * k, &at, 4);
+    std::vector<uint8_t> seg(pixels);
+    for (size_t p = 0; p < pixels; ++p) {
+      seg[p] = static_cast<uint8_t>(values[p * samples + k / 2] >> (k % 2 ? 0 : 8));
+    }
+    for (size_t i = 0; i < pixels;) {
+      size_t run = 1;
+      while (i + run < pixels && run < 128 && seg[i + run] == seg[i]) ++run;
+      if (run >= 2) {
+        out.push_back(static_cast<uint8_t>(static_cast<int8_t>(1 - static_cast<int>(run))));
+        out.push_back(seg[i]);
+        i += run;
+        continue;
+      }
+      size_t lit = 1;
+      while (i + lit < pixels && lit < 128 &&
+             !(i + lit + 1 < pixels && seg[i + lit] == seg[i + lit + 1])) {
+        ++lit;
+      }
+      out.push_back(static_cast<uint8_t>(lit - 1));
+      out.insert(out.end(), seg.begin() + static_cast<long>(i),
+                 seg.begin() + static_cast<long>(i + lit));
+      i += lit;
+    }
+    if (out.size() % 2) out.push_back(0);
+  }
+  return out;
+}
+
+// A baseline JPEG of RGB samples stored as they are (no colour transform), with no JFIF or
+// Adobe marker and component ids 0, 1, 2, as in pydicom's SC_jpeg_no_color_transform.dcm.
+std::vector<uint8_t> rgb_jpeg_without_markers(const Image& src) {
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* mem = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &mem, &size);
+  c.image_width = static_cast<JDIMENSION>(src.width);
+  c.image_height = static_cast<JDIMENSION>(src.height);
+  c.input_components = 3;
+  c.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&c);
+  jpeg_set_colorspace(&c, JCS_RGB);
+  jpeg_set_quality(&c, 98, TRUE);
+  c.write_JFIF_header = FALSE;
+  c.write_Adobe_marker = FALSE;
+  for (int i = 0; i < 3; ++i) c.comp_info[i].component_id = i;
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = const_cast<JSAMPROW>(src.data.data() + c.next_scanline * src.row_bytes());
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  std::vector<uint8_t> out(mem, mem + size);
+  std::free(mem);
+  return out;
+}
+
+}  // namespace
+
+// Two colour cases GDCM 3.0 decodes wrongly, from files written by other encoders than GDCM's:
+// 16-bit RGB in RLE (GDCM places the segments rotated by three bytes; Cohort decodes RLE colour
+// of 16 bits itself), and a JPEG labelled RGB whose stream holds RGB without saying so (libjpeg
+// would take it for YCbCr; the label is kept). Both checked against pydicom on its test files.
+TEST(Dicom, ColourFromOtherEncodersDecodes) {
+  const int w = 7, h = 5;
+  std::vector<uint16_t> values(static_cast<size_t>(w) * h * 3);
+  std::vector<uint8_t> wide(values.size() * 2), want(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    // Distinct high and low bytes per channel, and runs along each row (both kinds of run).
+    const size_t p = i / 3, c = i % 3;
+    values[i] =
+        static_cast<uint16_t>(0x1000 * (c * 5 + 1) + 0x0101 * ((p % w) / 3) + 0x2200 * (p / w));
+    std::memcpy(wide.data() + 2 * i, &values[i], 2);
+    want[i] = static_cast<uint8_t>((values[i] * 255u + 65535 / 2) / 65535);
+  }
+  const auto plain = raw_dicom(w, h, 16, wide, gdcm::TransferSyntax::ExplicitVRLittleEndian, 3,
+                               gdcm::PhotometricInterpretation::RGB);
+  const auto rle = encapsulated(plain, gdcm::TransferSyntax::RLELossless, rle_frame(values, 3));
+  ASSERT_FALSE(rle.empty());
+  const Image got = decode_dicom(rle, "rle16.dcm");
+  ASSERT_EQ(got.channels, 3);
+  EXPECT_EQ(got.data, want) << "16-bit RGB in RLE";
+  // A segment cut short is an error naming the file.
+  auto short_frame = rle_frame(values, 3);
+  short_frame.resize(short_frame.size() - 8);
+  try {
+    decode_dicom(encapsulated(plain, gdcm::TransferSyntax::RLELossless, short_frame), "cut.dcm");
+    ADD_FAILURE() << "a cut RLE frame decoded";
+  } catch (const cohort::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cut.dcm"), std::string::npos) << e.what();
+  }
+
+  Image src = blank(24, 16, 3, 8);
+  for (size_t i = 0; i < src.data.size(); ++i) {
+    src.data[i] = static_cast<uint8_t>(i % 3 == 0 ? 220 : i % 3 == 1 ? 40 + (i / 3) % 24 * 4 : 90);
+  }
+  const auto jpeg =
+      encapsulated(encode_dicom(src, DicomWriteOptions{}),
+                   gdcm::TransferSyntax::JPEGBaselineProcess1, rgb_jpeg_without_markers(src));
+  ASSERT_FALSE(jpeg.empty());
+  const Image rgb = decode_dicom(jpeg, "rgb-jpeg.dcm");
+  ASSERT_EQ(rgb.data.size(), src.data.size());
+  double err = 0;
+  for (size_t i = 0; i < src.data.size(); ++i) err += std::abs(int(rgb.data[i]) - int(src.data[i]));
+  EXPECT_LT(err / static_cast<double>(src.data.size()), 3) << "an RGB stream taken for YCbCr";
 }
 
 // Masks (1 bit, packed, first pixel in the lowest bit) come out as 0 and 65535; 32-bit values
