@@ -860,8 +860,11 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
            "; DICOM allows 0 or 1");
   }
   const auto spp = us_value(ds, 0x0028, 0x0002);
-  if (spp && *spp != 1 && *spp != 3 && *spp != 4) {
-    refuse("Samples per Pixel (0028,0002) is " + std::to_string(*spp) + "; DICOM allows 1, 3 or 4");
+  // 4 samples (ARGB, CMYK: retired) are allowed by DICOM but read by nothing here, and GDCM's
+  // RLE decoder asserts on them (found by fuzz_image): refused before GDCM sees them.
+  if (spp && *spp != 1 && *spp != 3) {
+    refuse("Samples per Pixel (0028,0002) is " + std::to_string(*spp) +
+           "; grayscale (1) or colour (3) DICOM only");
   }
   // Bits Stored above Bits Allocated, or High Bit past Bits Stored (after GDCM's reading of
   // 0xffff, 0x0fff and 0x00ff as 16, 12 and 8).
