@@ -128,7 +128,8 @@ Run add_launch(CLI::App& app) {
                  "Nodes in the job: N, or MIN:MAX for a job that carries on with MIN to MAX "
                  "nodes across restarts");
   app.add_option("--node-rank", o->node_rank,
-                 "This node's index, 0..MAX-1 (node 0 hosts the rendezvous store); under "
+                 "This node's index, 0..MAX-1 (node 0 hosts the rendezvous store, until its "
+                 "launcher dies: then the lowest surviving node); under "
                  "MIN:MAX a generation numbers its nodes in this order");
   app.add_option("--rdzv-last-call", o->last_call,
                  "Seconds a generation waits for more nodes once MIN have joined");

@@ -1,14 +1,15 @@
-// The launchers' rendezvous across nodes and generations (see rendezvous.h). Keys in node 0's
+// The launchers' rendezvous across nodes and generations (see rendezvous.h). Keys in the leader's
 // agent store:
-//   open            the newest generation node 0 has opened
+//   open            the newest generation the leader has opened
 //   g<N>/joined     the node ids that asked to join N, comma-separated (appended by compare_set)
 //   g<N>/layout     "<rank store port> <torch port> <id>,<id>,... <first generation's nodes>"
 //                   once N has formed
 //   g<N>/failed     "<unix seconds> <what>": the generation's first failure
 //   g<N>/done       how many members' ranks all ended well
 //   ended           "ok" or "failed: <why>": the job is over (for launchers still waiting)
-//   nodes           every launcher other than node 0's that ever came, comma-separated
+//   nodes           every launcher other than the leader's that ever came, comma-separated
 //   seen/<id>       node <id>'s launcher knows the job is over and leaves
+//   standby/<id>    "<host>:<port>" of node <id>'s standby store
 #include "rendezvous.h"
 
 #include <algorithm>
@@ -24,8 +25,8 @@ namespace cohort::cli {
 namespace {
 
 using Millis = std::chrono::milliseconds;
-constexpr Millis kCall{5000};          // one store call; a longer silence reconnects
-constexpr double kLinger = 15;         // seconds node 0 waits, at the end, for launchers to read it
+constexpr Millis kCall{5000};   // one store call; a longer silence reconnects
+constexpr double kLinger = 15;  // seconds the leader waits, at the end, for launchers to read it
 constexpr Millis kSignaledWait{1000};  // for another node's report of a rank killed by a signal
 
 std::vector<int> parse_ids(const std::string& s) {
@@ -76,15 +77,56 @@ Rendezvous::Rendezvous(RendezvousOptions o) : o_(std::move(o)) {
                "--nnodes " << o_.min_nodes << ":" << o_.max_nodes << ": MIN must be 1..MAX");
   if (!multi_node()) return;
   agents_at_ = o_.master;
-  if (o_.node_id == 0) {
+  leader_ = o_.node_id == 0;
+  if (leader_) {
     agents_ = std::make_unique<comm::StoreServer>(bind_host(), o_.master.port, o_.token);
     agents_at_.port = agents_->port();
+  } else {
+    standby_ = std::make_unique<comm::StoreServer>(bind_host(), 0, o_.token);
+    standby_at_ = {
+        loopback(o_.master.host) ? o_.master.host : comm::local_address_towards(o_.master.host),
+        standby_->port()};
   }
+}
+
+bool Rendezvous::fail_over() {
+  if (leader_ || !standby_ || comm::probe_tcp(agents_at_, Millis(1000)) != comm::Reach::refused) {
+    return false;
+  }
+  std::vector<int> candidates = last_members_;
+  std::sort(candidates.begin(), candidates.end());
+  for (int id : candidates) {
+    if (id == leader_id_) continue;
+    if (id == o_.node_id) {
+      std::fprintf(stderr,
+                   "cohort launch: node %d: node %d's launcher is gone (its rendezvous store at "
+                   "%s refuses connections); this node hosts the rendezvous now, at %s\n",
+                   o_.node_id, leader_id_, agents_at_.str().c_str(), standby_at_.str().c_str());
+      agents_ = std::move(standby_);
+      agents_at_ = standby_at_;
+    } else {
+      auto it = standbys_.find(id);
+      if (it == standbys_.end() || comm::probe_tcp(it->second, Millis(1000)) != comm::Reach::open) {
+        continue;  // gone too, or never published one
+      }
+      std::fprintf(stderr,
+                   "cohort launch: node %d: node %d's launcher is gone (its rendezvous store at "
+                   "%s refuses connections); node %d hosts the rendezvous now, at %s\n",
+                   o_.node_id, leader_id_, agents_at_.str().c_str(), id, it->second.str().c_str());
+      agents_at_ = it->second;
+    }
+    leader_ = id == o_.node_id;
+    leader_id_ = id;
+    store_.reset();
+    announced_ = false;
+    return true;
+  }
+  return false;
 }
 
 Rendezvous::~Rendezvous() = default;
 
-// Where node 0 binds its stores: the loopback address it was given, or every interface.
+// Where stores bind: the loopback address node 0 was given, or every interface.
 std::string Rendezvous::bind_host() const {
   return loopback(o_.master.host) ? o_.master.host : "0.0.0.0";
 }
@@ -95,7 +137,8 @@ std::string Rendezvous::token_of(int number) const {
   return number == 0 ? o_.token : "g" + std::to_string(number) + "x" + o_.token;
 }
 
-// Runs f on node 0's agent store, reconnecting after an error, for up to `seconds`.
+// Runs f on the agent store, reconnecting after an error (and moving to another node's after a
+// failover), for up to `seconds`.
 template <typename F>
 auto Rendezvous::with_store(const char* what, double seconds, F&& f)
     -> decltype(f(std::declval<comm::Store&>())) {
@@ -108,11 +151,12 @@ auto Rendezvous::with_store(const char* what, double seconds, F&& f)
     } catch (const CommError& e) {
       store_.reset();
       last = e.message();
+      if (fail_over()) continue;
     }
     if (seconds_since(start) >= seconds) {
       COHORT_THROW_AS(CommError, "cohort launch (node "
-                                     << o_.node_id << "): " << what
-                                     << ": node 0's rendezvous store at " << agents_at_.str()
+                                     << o_.node_id << "): " << what << ": node " << leader_id_
+                                     << "'s rendezvous store at " << agents_at_.str()
                                      << " cannot be reached for " << seconds << " s: " << last);
     }
     std::this_thread::sleep_for(Millis(200));
@@ -133,16 +177,18 @@ std::optional<Generation> Rendezvous::join(int number) {
   }
   const std::string me = std::to_string(o_.node_id);
   const auto started = Clock::now();
-  if (o_.node_id != 0 && !announced_) {  // so that node 0 waits for this launcher at the end
-    with_store("joining", o_.timeout, [&](comm::Store& s) {
-      append_id(s, "nodes", o_.node_id);
-      return 0;
-    });
-    announced_ = true;
-  }
   while (true) {
+    // So that the leader waits for this launcher at the end, and knows its standby store.
+    if (!leader_ && !announced_) {
+      with_store("joining", o_.timeout, [&](comm::Store& s) {
+        append_id(s, "nodes", o_.node_id);
+        s.set("standby/" + me, standby_at_.str());
+        return 0;
+      });
+      announced_ = !leader_;  // a failover meanwhile may have made this launcher the leader
+    }
     const std::string key = "g" + std::to_string(number) + "/";
-    if (o_.node_id == 0) {
+    if (leader_) {
       with_store("opening a generation", o_.timeout, [&](comm::Store& s) {
         s.set(key + "joined", me);  // before "open": a launcher that sees it may append
         s.set("open", std::to_string(number));
@@ -173,12 +219,14 @@ std::optional<Generation> Rendezvous::join(int number) {
         ids.resize(static_cast<size_t>(o_.max_nodes));
       g.number = number;
       g.members = ids;
+      last_members_ = ids;
       if (first_nodes_ == 0) first_nodes_ = static_cast<int>(ids.size());
       g.first_nodes = first_nodes_;
       g.token = token_of(number);
       ranks_ = std::make_unique<comm::StoreServer>(bind_host(), 0, g.token);
-      g.store = {o_.master.host, ranks_->port()};
-      // Torch's TCPStore port: node 0's rank 0 binds it, the others only need to agree on it.
+      g.store = {agents_at_.host, ranks_->port()};
+      // Torch's TCPStore port: the first node's rank 0 binds it, the others only need to agree on
+      // it.
       g.torch_port = comm::local_port(comm::listen_tcp(bind_host(), 0));
       const std::string layout = std::to_string(g.store.port) + " " + std::to_string(g.torch_port) +
                                  " " + join_ids(ids) + " " + std::to_string(g.first_nodes);
@@ -186,7 +234,7 @@ std::optional<Generation> Rendezvous::join(int number) {
         s.set(key + "layout", layout);
         return 0;
       });
-      g.node_rank = 0;
+      g.node_rank = static_cast<int>(std::find(ids.begin(), ids.end(), o_.node_id) - ids.begin());
       return g;
     }
 
@@ -199,7 +247,7 @@ std::optional<Generation> Rendezvous::join(int number) {
         return Next::wait;
       }
       const int open = std::stoi(s.get_for("open", Millis(0)).value_or("-1"));
-      if (open < number) return Next::retry;  // node 0 is still ending the previous one
+      if (open < number) return Next::retry;  // the leader is still ending the previous one
       if (open > number) number = open;
       const std::string k = "g" + std::to_string(number) + "/";
       if (s.get_for(k + "layout", Millis(0))) {  // formed without this node: the next one
@@ -242,8 +290,23 @@ std::optional<Generation> Rendezvous::join(int number) {
     g.number = number;
     g.node_rank = static_cast<int>(at - g.members.begin());
     g.token = token_of(number);
-    g.store = {o_.master.host, static_cast<uint16_t>(port)};
+    g.store = {agents_at_.host, static_cast<uint16_t>(port)};
     g.torch_port = static_cast<uint16_t>(torch);
+    last_members_ = g.members;
+    first_nodes_ = g.first_nodes;
+    // The others' standby stores, for a failover (a failure to read them is not one).
+    try {
+      with_store("reading the standby stores", 5, [&](comm::Store& s) {
+        for (int id : g.members) {
+          if (id == o_.node_id || id == leader_id_) continue;
+          if (auto v = s.get_for("standby/" + std::to_string(id), Millis(0))) {
+            standbys_[id] = comm::parse_endpoint(*v, 0);
+          }
+        }
+        return 0;
+      });
+    } catch (const CommError&) {
+    }
     return g;
   }
 }
@@ -259,7 +322,7 @@ std::string Rendezvous::report_failure(const Generation& g, const std::string& w
       return s.compare_set(key + "failed", "", value);
     });
   } catch (const CommError&) {
-    return value;  // node 0 is out of reach: the other nodes' ranks fail by themselves
+    return value;  // the leader is out of reach: the other nodes' ranks fail by themselves
   }
 }
 
@@ -314,7 +377,7 @@ std::optional<std::string> Rendezvous::finish(const Generation& g, double wait_s
 void Rendezvous::close_job(bool ok, const std::string& why) {
   if (!multi_node()) return;
   try {
-    if (o_.node_id != 0) {
+    if (!leader_) {
       with_store("leaving", 5, [&](comm::Store& s) {
         s.set("seen/" + std::to_string(o_.node_id), "1");
         return 0;
@@ -325,7 +388,7 @@ void Rendezvous::close_job(bool ok, const std::string& why) {
       s.set("ended", ok ? "ok" : "failed: " + why);
       return 0;
     });
-    // Node 0 keeps the store up, for up to kLinger, until every launcher the job has known has
+    // The leader keeps the store up, for up to kLinger, until every launcher the job has known has
     // read the end: one cut off for a while retries its store calls and still learns it.
     const auto t0 = Clock::now();
     const std::vector<int> known = parse_ids(with_store("ending the job", 5, [&](comm::Store& s) {

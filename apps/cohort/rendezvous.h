@@ -4,11 +4,18 @@
 // older generation is refused. A generation forms once MAX launchers have joined, or MIN and no
 // other for `last_call` seconds; a launcher that joins late (a host that came back) waits for the
 // next one. The first failure of a generation is recorded there, and every launcher stops its
-// ranks when it sees it. Node 0 is the one host the job cannot lose (as torchrun's c10d
-// rendezvous with its store on a node).
+// ranks when it sees it.
+//
+// Losing node 0: every other launcher keeps a standby store, published in the agent store. When
+// the agent store's port refuses connections (its host answers, its launcher is gone, and its
+// ranks with it), the launchers move to the lowest surviving node of the last generation, which
+// then hosts the rendezvous. A store that does not answer at all (a host down, or a link cut:
+// the two cannot be told apart without a third party) is waited for until the timeout, then
+// the job ends, naming it: taking over then could split the job in two.
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,12 +83,20 @@ class Rendezvous {
   auto with_store(const char* what, double seconds, F&& f)
       -> decltype(f(std::declval<comm::Store&>()));
   RendezvousOptions o_;
-  std::unique_ptr<comm::StoreServer> agents_;  // node 0
-  std::unique_ptr<comm::StoreServer> ranks_;   // node 0: this generation's
+  // Whether the agent store's launcher is gone and another took over (or this one did).
+  bool fail_over();
+  std::unique_ptr<comm::StoreServer> agents_;   // the leader's (node 0 until a failover)
+  std::unique_ptr<comm::StoreServer> standby_;  // the others': the agent store after a failover
+  std::unique_ptr<comm::StoreServer> ranks_;    // the leader: this generation's
   std::optional<comm::Store> store_;
   comm::Endpoint agents_at_;
+  comm::Endpoint standby_at_;
+  bool leader_ = false;
+  int leader_id_ = 0;
+  std::map<int, comm::Endpoint> standbys_;  // node id -> its standby store, from the agent store
+  std::vector<int> last_members_;           // the last generation's nodes
   std::string ended_;
-  int first_nodes_ = 0;     // node 0: the first generation's size
+  int first_nodes_ = 0;     // the first generation's size
   bool announced_ = false;  // this launcher is in the job's list of nodes
 };
 

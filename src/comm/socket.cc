@@ -201,6 +201,24 @@ Socket accept_tcp(const Socket& listener, Clock::time_point deadline) {
   }
 }
 
+Reach probe_tcp(const Endpoint& ep, std::chrono::milliseconds wait) {
+  socklen_t len = 0;
+  sockaddr_storage ss = resolve(ep.host, ep.port, &len);
+  Socket s(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) return Reach::silent;
+  set_nonblocking(s.fd(), true);
+  int rc = ::connect(s.fd(), reinterpret_cast<sockaddr*>(&ss), len);
+  int err = rc == 0 ? 0 : errno;
+  if (rc != 0 && err == EINPROGRESS) {
+    pollfd pfd{s.fd(), POLLOUT, 0};
+    if (::poll(&pfd, 1, static_cast<int>(wait.count())) != 1) return Reach::silent;
+    socklen_t el = sizeof(err);
+    ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &el);
+  }
+  if (err == 0) return Reach::open;
+  return err == ECONNREFUSED ? Reach::refused : Reach::silent;
+}
+
 std::string local_address_towards(const std::string& peer_host) {
   socklen_t len = 0;
   sockaddr_storage ss = resolve(peer_host, 9, &len);

@@ -14,6 +14,9 @@
 #     uninterrupted run within 1e-5 (relative). They are equal here: the old world's
 #     hierarchical allreduce also added (0+1)+(2+3), and halving is exact.
 #  4. --nnodes 1:2: host 1's launcher gets SIGTERM: both launchers stop, naming it; no restart.
+#  5. --nnodes 1:2: host 0's launcher, the rendezvous store's, is SIGKILLed for good and its
+#     folder removed: host 1 takes the store over and finishes alone as in 3, from the copy of
+#     host 0's files in its own folder.
 # Every launcher must end by itself; none of their processes, namespaces or segments is left.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -126,7 +129,7 @@ grep -q "generation 1: nodes 0 (1 of 1..2, 2 ranks); node(s) 1 left" "$log" ||
 grep -q "train: restart: world 4 -> 2: accumulation 1 -> 2 keeps the global batch of 16" "$log" ||
   fail "the run does not keep the global batch: $(grep 'restart' "$log")"
 grep -q "train: restart: generation 1 resumed at step" "$log" || fail "no resumed step"
-/usr/bin/python3 - "$dir/ref/model.safetensors" "$dir/got3/model.safetensors" << 'EOF' || fail "host 0 alone: weights too far from the uninterrupted run's"
+cat > "$dir/distance.py" << 'EOF'
 import json, struct, sys
 def load(p):
     b = open(p, "rb").read()
@@ -146,7 +149,29 @@ den = sum(x * x for k in a for x in a[k]) ** 0.5
 print("relative distance of the parameters to the uninterrupted run's: %.2e" % (num / den))
 sys.exit(0 if num / den < 1e-5 else 1)
 EOF
+/usr/bin/python3 "$dir/distance.py" "$dir/ref/model.safetensors" "$dir/got3/model.safetensors" ||
+  fail "host 0 alone: weights too far from the uninterrupted run's"
 echo "PASS: host 1 lost for good: host 0 finished alone with accumulation 2"
+
+# 5. Host 0's launcher (the rendezvous store's) killed for good: host 1 takes the store over and
+#    goes on alone, from its own folder (which holds a copy of host 0's files).
+launcher 0 lead 29716 1:2 --checkpoint-dir "$dir/ck5/host0" --checkpoint-every 3
+launcher 1 lead 29716 1:2 --checkpoint-dir "$dir/ck5/host1" --checkpoint-every 3 --save "$dir/got5"
+wait_checkpoint "$dir/ck5/host1"
+kill -9 "$(launcher_pid 0)"
+rm -rf "$dir/ck5/host0"  # host 0 is gone with its disk
+wait_both
+[ "${codes[1]}" = 0 ] || fail "host 1 alone exited ${codes[1]}: $(tail -8 "$dir/lead.1.log")"
+log=$dir/lead.1.log
+grep -q "node 0's launcher is gone (its rendezvous store at .* refuses connections); this node hosts the rendezvous now" "$log" ||
+  fail "host 1 did not take the rendezvous over: $(grep 'cohort launch' "$log")"
+grep -q "generation 1: nodes 1 (1 of 1..2, 2 ranks); node(s) 0 left" "$log" ||
+  fail "the launcher does not say host 0 left: $(grep 'cohort launch' "$log")"
+grep -q "train: restart: world 4 -> 2: accumulation 1 -> 2 keeps the global batch of 16" "$log" ||
+  fail "the run does not keep the global batch: $(grep 'restart' "$log")"
+/usr/bin/python3 "$dir/distance.py" "$dir/ref/model.safetensors" "$dir/got5/model.safetensors" ||
+  fail "host 1 alone: weights too far from the uninterrupted run's"
+echo "PASS: host 0 (the rendezvous store's) lost for good: host 1 took the store over and finished alone"
 # 4. Host 1's launcher asked to stop (SIGTERM): the job stops on both hosts, without a restart.
 launcher 0 stop 29715 1:2 --checkpoint-dir "$dir/ck4/host0" --checkpoint-every 3
 launcher 1 stop 29715 1:2 --checkpoint-dir "$dir/ck4/host1" --checkpoint-every 3
@@ -160,4 +185,4 @@ grep -q "restart 1 of" "$dir"/stop.*.log && fail "a SIGTERM led to a restart"
 echo "PASS: host 1's launcher stopped by SIGTERM: the job stopped on both hosts"
 leftover=$(ls /dev/shm | grep '^cohort-' || true)
 [ -z "$leftover" ] || fail "shared-memory segments left: $leftover"
-echo "4 passed, 0 failed"
+echo "5 passed, 0 failed"

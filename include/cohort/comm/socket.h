@@ -49,6 +49,11 @@ uint16_t local_port(const Socket& s);
 // Connects, retrying refused/unreachable until the deadline; the error names the endpoint.
 Socket connect_tcp(const Endpoint& ep, Clock::time_point deadline, const std::string& what);
 Socket accept_tcp(const Socket& listener, Clock::time_point deadline);
+// One connection attempt: does a process listen at ep (open), is its host up with no process
+// there (refused: the host answered with a reset), or does nothing answer within `wait`
+// (silent: a host that is down, or a link that is cut, which cannot be told apart)?
+enum class Reach { open, refused, silent };
+Reach probe_tcp(const Endpoint& ep, std::chrono::milliseconds wait);
 // The local address this host would use to reach `peer_host` (no packet is sent).
 std::string local_address_towards(const std::string& peer_host);
 
