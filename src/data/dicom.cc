@@ -805,6 +805,60 @@ void to_interleaved_rgb(std::vector<uint8_t>& raw, size_t px, bool planar, bool 
 // an unknown Photometric Interpretation too. The pixel module is checked from a plain read of
 // the data set first (the whole of it: elements out of order hide behind the pixel data from a
 // read that stops there), and such a file refused naming the attribute.
+// DICOM RLE Lossless (PS3.5 Annex G), one frame: a 64-byte header (the segment count and 15
+// offsets, little-endian 32-bit), then PackBits segments; segment k holds byte k % `bytes` (the
+// most significant first) of sample k / `bytes` of every pixel. Returns interleaved
+// little-endian samples. Used where GDCM 3.0 gets RLE wrong: 16-bit colour, whose segments its
+// decoder places rotated by three bytes (checked against pydicom's decoder on files pydicom's
+// encoder wrote, and on pydicom's SC_rgb_rle_16bit.dcm).
+std::vector<uint8_t> decode_rle_frame(std::span<const uint8_t> frame, int samples, int bytes,
+                                      size_t pixels, const std::string& name) {
+  auto le32 = [&](size_t at) {
+    uint32_t v;
+    std::memcpy(&v, frame.data() + at, 4);
+    return v;
+  };
+  const size_t count = static_cast<size_t>(samples) * static_cast<size_t>(bytes);
+  if (frame.size() < 64 || le32(0) != count) {
+    COHORT_THROW_AS(DecodeError, name << ": RLE frame of " << frame.size() << " bytes with "
+                                      << (frame.size() < 64 ? 0 : le32(0)) << " segments; " << count
+                                      << " expected");
+  }
+  std::vector<uint8_t> out(pixels * count);
+  for (size_t k = 0; k < count; ++k) {
+    const size_t begin = le32(4 + 4 * k);
+    const size_t end = k + 1 < count ? le32(8 + 4 * k) : frame.size();
+    if (begin < 64 || begin > end || end > frame.size()) {
+      COHORT_THROW_AS(DecodeError, name << ": RLE segment " << k << " spans bytes " << begin << ".."
+                                        << end << " of a frame of " << frame.size());
+    }
+    const size_t sample = k / static_cast<size_t>(bytes);
+    const size_t byte = static_cast<size_t>(bytes) - 1 - k % static_cast<size_t>(bytes);
+    size_t pos = 0, p = begin;
+    auto put = [&](uint8_t v) {
+      if (pos < pixels) out[(pos * static_cast<size_t>(samples) + sample) * bytes + byte] = v;
+      ++pos;
+    };
+    while (pos < pixels && p < end) {
+      const int n = static_cast<int8_t>(frame[p++]);
+      if (n >= 0) {  // n + 1 bytes as they are
+        if (p + static_cast<size_t>(n) + 1 > end) break;
+        for (int i = 0; i <= n; ++i) put(frame[p + static_cast<size_t>(i)]);
+        p += static_cast<size_t>(n) + 1;
+      } else if (n != -128) {  // the next byte 1 - n times
+        if (p >= end) break;
+        const uint8_t v = frame[p++];
+        for (int i = 0; i < 1 - n; ++i) put(v);
+      }
+    }
+    if (pos < pixels) {
+      COHORT_THROW_AS(DecodeError, name << ": RLE segment " << k << " holds " << pos << " of "
+                                        << pixels << " pixels");
+    }
+  }
+  return out;
+}
+
 void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name) {
   SpanBuf buf(bytes.data(), bytes.size());
   std::istream in(&buf);
@@ -903,6 +957,24 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
            " MiB of pixels: more than the " + std::to_string(kMaxDecodedBytes >> 20) +
            " MiB an image may take");
   }
+  // GDCM's image reader decodes RLE while it reads (for its lossy flag), and its RLE decoder
+  // crashes on a malformed frame (fuzz_image: a header declaring millions of segments). Every
+  // frame is decoded here first, each run bounded by its frame.
+  if (peek.GetFile().GetHeader().GetDataSetTransferSyntax() == gdcm::TransferSyntax::RLELossless) {
+    const gdcm::Tag pixel_tag(0x7fe0, 0x0010);
+    const gdcm::SequenceOfFragments* frags =
+        ds.FindDataElement(pixel_tag) ? ds.GetDataElement(pixel_tag).GetSequenceOfFragments()
+                                      : nullptr;
+    if (!frags || frags->GetNumberOfFragments() == 0) refuse("RLE pixel data without a fragment");
+    const size_t pixels = static_cast<size_t>(us_value(ds, 0x0028, 0x0010).value_or(0)) *
+                          static_cast<size_t>(us_value(ds, 0x0028, 0x0011).value_or(0));
+    for (size_t f = 0; f < frags->GetNumberOfFragments(); ++f) {
+      const gdcm::ByteValue* bv = frags->GetFragment(f).GetByteValue();
+      if (!bv) refuse("RLE fragment " + std::to_string(f) + " without a value");
+      decode_rle_frame({reinterpret_cast<const uint8_t*>(bv->GetPointer()), bv->GetLength()},
+                       spp.value_or(1), std::max(1, *allocated / 8), pixels, name);
+    }
+  }
   std::string pi = element_string(ds, gdcm::Tag(0x0028, 0x0004));
   while (!pi.empty() && (pi.back() == ' ' || pi.back() == '\0')) pi.pop_back();
   static const char* const kKnown[] = {"MONOCHROME1",
@@ -947,60 +1019,6 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
       }
     }
   }
-}
-
-// DICOM RLE Lossless (PS3.5 Annex G), one frame: a 64-byte header (the segment count and 15
-// offsets, little-endian 32-bit), then PackBits segments; segment k holds byte k % `bytes` (the
-// most significant first) of sample k / `bytes` of every pixel. Returns interleaved
-// little-endian samples. Used where GDCM 3.0 gets RLE wrong: 16-bit colour, whose segments its
-// decoder places rotated by three bytes (checked against pydicom's decoder on files pydicom's
-// encoder wrote, and on pydicom's SC_rgb_rle_16bit.dcm).
-std::vector<uint8_t> decode_rle_frame(std::span<const uint8_t> frame, int samples, int bytes,
-                                      size_t pixels, const std::string& name) {
-  auto le32 = [&](size_t at) {
-    uint32_t v;
-    std::memcpy(&v, frame.data() + at, 4);
-    return v;
-  };
-  const size_t count = static_cast<size_t>(samples) * static_cast<size_t>(bytes);
-  if (frame.size() < 64 || le32(0) != count) {
-    COHORT_THROW_AS(DecodeError, name << ": RLE frame of " << frame.size() << " bytes with "
-                                      << (frame.size() < 64 ? 0 : le32(0)) << " segments; " << count
-                                      << " expected");
-  }
-  std::vector<uint8_t> out(pixels * count);
-  for (size_t k = 0; k < count; ++k) {
-    const size_t begin = le32(4 + 4 * k);
-    const size_t end = k + 1 < count ? le32(8 + 4 * k) : frame.size();
-    if (begin < 64 || begin > end || end > frame.size()) {
-      COHORT_THROW_AS(DecodeError, name << ": RLE segment " << k << " spans bytes " << begin << ".."
-                                        << end << " of a frame of " << frame.size());
-    }
-    const size_t sample = k / static_cast<size_t>(bytes);
-    const size_t byte = static_cast<size_t>(bytes) - 1 - k % static_cast<size_t>(bytes);
-    size_t pos = 0, p = begin;
-    auto put = [&](uint8_t v) {
-      if (pos < pixels) out[(pos * static_cast<size_t>(samples) + sample) * bytes + byte] = v;
-      ++pos;
-    };
-    while (pos < pixels && p < end) {
-      const int n = static_cast<int8_t>(frame[p++]);
-      if (n >= 0) {  // n + 1 bytes as they are
-        if (p + static_cast<size_t>(n) + 1 > end) break;
-        for (int i = 0; i <= n; ++i) put(frame[p + static_cast<size_t>(i)]);
-        p += static_cast<size_t>(n) + 1;
-      } else if (n != -128) {  // the next byte 1 - n times
-        if (p >= end) break;
-        const uint8_t v = frame[p++];
-        for (int i = 0; i < 1 - n; ++i) put(v);
-      }
-    }
-    if (pos < pixels) {
-      COHORT_THROW_AS(DecodeError, name << ": RLE segment " << k << " holds " << pos << " of "
-                                        << pixels << " pixels");
-    }
-  }
-  return out;
 }
 
 // The first fragment of encapsulated pixel data (the first frame's), or null.
