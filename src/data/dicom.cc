@@ -1076,16 +1076,17 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
                     name << ": " << samples << " samples per pixel; grayscale or RGB DICOM only");
   }
   // Colour: RGB, YBR_FULL, or YBR_FULL_422 (native: GDCM expands each pair's shared chroma to
-  // YBR_FULL; JPEG: libjpeg hands out RGB), in 8 or 16 bits (16 scaled to 8), unsigned.
+  // YBR_FULL; JPEG: libjpeg hands out RGB), in 8, 16 or 32 bits (scaled to 8), unsigned.
   const bool ybr422 = pi == gdcm::PhotometricInterpretation::YBR_FULL_422;
-  if (samples == 3 && ((pf.GetBitsAllocated() != 8 && pf.GetBitsAllocated() != 16) ||
-                       pf.GetPixelRepresentation() != 0 ||
-                       (pi != gdcm::PhotometricInterpretation::RGB &&
-                        pi != gdcm::PhotometricInterpretation::YBR_FULL && !ybr422))) {
+  if (samples == 3 &&
+      ((pf.GetBitsAllocated() != 8 && pf.GetBitsAllocated() != 16 && pf.GetBitsAllocated() != 32) ||
+       pf.GetPixelRepresentation() != 0 ||
+       (pi != gdcm::PhotometricInterpretation::RGB &&
+        pi != gdcm::PhotometricInterpretation::YBR_FULL && !ybr422))) {
     COHORT_THROW_AS(DecodeError, name << ": colour as " << pi << " at " << pf.GetBitsAllocated()
                                       << (pf.GetPixelRepresentation() ? " signed" : "")
-                                      << " bits; colour DICOM is read as unsigned 8- or 16-bit "
-                                         "RGB, YBR_FULL or YBR_FULL_422");
+                                      << " bits; colour DICOM is read as unsigned 8-, 16- or "
+                                         "32-bit RGB, YBR_FULL or YBR_FULL_422");
   }
   const int W = static_cast<int>(dims[0]), H = static_cast<int>(dims[1]);
   const size_t len = img.GetBufferLength();
@@ -1136,14 +1137,14 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   std::vector<uint8_t> raw(len);
   const size_t frame_px = static_cast<size_t>(W) * H;
   // RLE's segments are planes whatever Planar Configuration says; decoded here, interleaved.
-  const bool rle_colour_16 =
-      ts == gdcm::TransferSyntax::RLELossless && samples == 3 && pf.GetBitsAllocated() == 16;
-  if (rle_colour_16) {
+  const bool rle_colour_wide =
+      ts == gdcm::TransferSyntax::RLELossless && samples == 3 && pf.GetBitsAllocated() > 8;
+  if (rle_colour_wide) {
     const gdcm::ByteValue* first = first_fragment(file.GetDataSet());
     if (!first) COHORT_THROW_AS(DecodeError, name << ": RLE pixel data without a fragment");
     raw = decode_rle_frame(
-        {reinterpret_cast<const uint8_t*>(first->GetPointer()), first->GetLength()}, 3, 2, frame_px,
-        name);
+        {reinterpret_cast<const uint8_t*>(first->GetPointer()), first->GetLength()}, 3,
+        static_cast<int>(pf.GetBitsAllocated() / 8), frame_px, name);
   } else if (!img.GetBuffer(reinterpret_cast<char*>(raw.data()))) {
     COHORT_THROW_AS(DecodeError, name << ": pixel data cannot be decoded (transfer syntax "
                                       << reader.GetFile().GetHeader().GetDataSetTransferSyntax()
@@ -1151,9 +1152,9 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   }
   const size_t px = frame_px;  // first frame only
   const int alloc = pf.GetBitsAllocated();
-  const bool grey_1_or_32 = samples == 1 && (alloc == 1 || alloc == 32);
+  const bool one_or_32 = (samples == 1 && alloc == 1) || alloc == 32;
   const size_t need = alloc == 1 ? (px + 7) / 8 : px * static_cast<size_t>(alloc / 8) * samples;
-  if ((alloc != 8 && alloc != 16 && !grey_1_or_32) || len < need) {
+  if ((alloc != 8 && alloc != 16 && !one_or_32) || len < need) {
     COHORT_THROW_AS(DecodeError, name << ": " << alloc << " bits allocated, " << len
                                       << " bytes of pixel data for " << W << "x" << H);
   }
@@ -1163,14 +1164,25 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   f.bits_allocated = alloc;
   f.bits_stored = pf.GetBitsStored();
   f.high_bit = pf.GetHighBit();
-  if (samples == 3 && alloc == 16) {
-    // 16-bit colour to 8 bits: each sample's stored bits scaled onto 0..255, rounded.
-    const int bits = std::clamp(f.bits_stored > 0 ? f.bits_stored : 16, 1, 16);
-    const uint32_t top = (1u << bits) - 1;
+  if (samples == 3 && alloc > 8) {
+    // 16- and 32-bit colour to 8 bits: each sample's stored bits scaled onto 0..255, rounded.
+    // (Big-endian 32-bit samples come from GDCM with their 16-bit halves exchanged, as below.)
+    const int bits = std::clamp(f.bits_stored > 0 ? f.bits_stored : alloc, 1, alloc);
+    const uint64_t top = (uint64_t{1} << bits) - 1;
+    const bool halves_exchanged =
+        alloc == 32 && !rle_colour_wide && ts == gdcm::TransferSyntax::ExplicitVRBigEndian;
     const size_t n = px * 3;
     for (size_t i = 0; i < n; ++i) {
-      uint16_t v;
-      std::memcpy(&v, raw.data() + 2 * i, 2);
+      uint64_t v;
+      if (alloc == 16) {
+        uint16_t s;
+        std::memcpy(&s, raw.data() + 2 * i, 2);
+        v = s;
+      } else {
+        uint32_t s;
+        std::memcpy(&s, raw.data() + 4 * i, 4);
+        v = halves_exchanged ? (s << 16 | s >> 16) : s;
+      }
       raw[i] = static_cast<uint8_t>(((v & top) * 255u + top / 2) / top);
     }
     raw.resize(n);
@@ -1186,7 +1198,8 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   if (alloc == 1) unpack_bits(raw, px, f);
   // GDCM swaps big-endian data to the host's order in 16-bit words, which leaves a 32-bit value's
   // halves exchanged (checked against pydicom's rtdose_expb.dcm).
-  if (alloc == 32) quantize_32(raw, px, f, ts == gdcm::TransferSyntax::ExplicitVRBigEndian);
+  if (alloc == 32 && samples == 1)
+    quantize_32(raw, px, f, ts == gdcm::TransferSyntax::ExplicitVRBigEndian);
   // GDCM's JPEG decoders hand out RGB already (libjpeg converts YCbCr); native and RLE data
   // come as stored. Checked against pydicom on its colour test files.
   const bool jpeg_family = ts.IsEncapsulated() && ts != gdcm::TransferSyntax::RLELossless;
@@ -1210,7 +1223,7 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   }
   if (samples == 3)
     to_interleaved_rgb(
-        raw, px, img.GetPlanarConfiguration() == 1 && !rle_colour_16,
+        raw, px, img.GetPlanarConfiguration() == 1 && !rle_colour_wide,
         ((pi == gdcm::PhotometricInterpretation::YBR_FULL || ybr422) && !jpeg_family) ||
             jpeg_ycbcr);
   return StoredPixels{f, nullptr, std::move(raw), file_window(reader.GetFile().GetDataSet())};

@@ -370,20 +370,21 @@ std::vector<uint8_t> encapsulated(const std::vector<uint8_t>& plain, const gdcm:
   return std::vector<uint8_t>(s.begin(), s.end());
 }
 
-// DICOM RLE Lossless (PS3.5 Annex G) of 16-bit samples, written from the standard: one segment
-// per byte of each sample, the most significant first, each PackBits (runs of a repeated byte,
-// and literal runs).
-std::vector<uint8_t> rle_frame(const std::vector<uint16_t>& values, int samples) {
+// DICOM RLE Lossless (PS3.5 Annex G) of samples of `bytes` bytes, written from the standard: one
+// segment per byte of each sample, the most significant first, each PackBits (runs of a repeated
+// byte, and literal runs).
+std::vector<uint8_t> rle_frame(const std::vector<uint32_t>& values, int samples, int bytes) {
   std::vector<uint8_t> out(64, 0);
   const size_t pixels = values.size() / static_cast<size_t>(samples);
-  uint32_t count = static_cast<uint32_t>(samples) * 2;
+  uint32_t count = static_cast<uint32_t>(samples * bytes);
   std::memcpy(out.data(), &count, 4);
   for (uint32_t k = 0; k < count; ++k) {
     const uint32_t at = static_cast<uint32_t>(out.size());
     std::memcpy(out.data() + 4 + 4 * k, &at, 4);
     std::vector<uint8_t> seg(pixels);
     for (size_t p = 0; p < pixels; ++p) {
-      seg[p] = static_cast<uint8_t>(values[p * samples + k / 2] >> (k % 2 ? 0 : 8));
+      seg[p] =
+          static_cast<uint8_t>(values[p * samples + k / bytes] >> (8 * (bytes - 1 - k % bytes)));
     }
     for (size_t i = 0; i < pixels;) {
       size_t run = 1;
@@ -449,25 +450,37 @@ std::vector<uint8_t> rgb_jpeg_without_markers(const Image& src) {
 // would take it for YCbCr; the label is kept). Both checked against pydicom on its test files.
 TEST(Dicom, ColourFromOtherEncodersDecodes) {
   const int w = 7, h = 5;
-  std::vector<uint16_t> values(static_cast<size_t>(w) * h * 3);
-  std::vector<uint8_t> wide(values.size() * 2), want(values.size());
+  std::vector<uint32_t> values(static_cast<size_t>(w) * h * 3), values32(values.size());
+  std::vector<uint8_t> wide(values.size() * 2), wide32(values.size() * 4), want(values.size()),
+      want32(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     // Distinct high and low bytes per channel, and runs along each row (both kinds of run).
     const size_t p = i / 3, c = i % 3;
-    values[i] =
-        static_cast<uint16_t>(0x1000 * (c * 5 + 1) + 0x0101 * ((p % w) / 3) + 0x2200 * (p / w));
-    std::memcpy(wide.data() + 2 * i, &values[i], 2);
+    values[i] = (0x1000 * (c * 5 + 1) + 0x0101 * ((p % w) / 3) + 0x2200 * (p / w)) & 0xffff;
+    const uint16_t v16 = static_cast<uint16_t>(values[i]);
+    std::memcpy(wide.data() + 2 * i, &v16, 2);
     want[i] = static_cast<uint8_t>((values[i] * 255u + 65535 / 2) / 65535);
+    values32[i] = values[i] << 16 | (values[i] ^ 0x5a5a);
+    std::memcpy(wide32.data() + 4 * i, &values32[i], 4);
+    want32[i] = static_cast<uint8_t>((values32[i] * 255ull + 0xffffffffull / 2) / 0xffffffffull);
   }
   const auto plain = raw_dicom(w, h, 16, wide, gdcm::TransferSyntax::ExplicitVRLittleEndian, 3,
                                gdcm::PhotometricInterpretation::RGB);
-  const auto rle = encapsulated(plain, gdcm::TransferSyntax::RLELossless, rle_frame(values, 3));
+  const auto rle = encapsulated(plain, gdcm::TransferSyntax::RLELossless, rle_frame(values, 3, 2));
   ASSERT_FALSE(rle.empty());
   const Image got = decode_dicom(rle, "rle16.dcm");
   ASSERT_EQ(got.channels, 3);
   EXPECT_EQ(got.data, want) << "16-bit RGB in RLE";
+  // 32-bit RGB, native and in RLE (scaled to 8 bits as 16-bit is).
+  const auto plain32 = raw_dicom(w, h, 32, wide32, gdcm::TransferSyntax::ExplicitVRLittleEndian, 3,
+                                 gdcm::PhotometricInterpretation::RGB);
+  ASSERT_FALSE(plain32.empty());
+  EXPECT_EQ(decode_dicom(plain32, "rgb32.dcm").data, want32) << "32-bit RGB";
+  const auto rle32 =
+      encapsulated(plain32, gdcm::TransferSyntax::RLELossless, rle_frame(values32, 3, 4));
+  EXPECT_EQ(decode_dicom(rle32, "rle32.dcm").data, want32) << "32-bit RGB in RLE";
   // A segment cut short is an error naming the file.
-  auto short_frame = rle_frame(values, 3);
+  auto short_frame = rle_frame(values, 3, 2);
   short_frame.resize(short_frame.size() - 8);
   try {
     decode_dicom(encapsulated(plain, gdcm::TransferSyntax::RLELossless, short_frame), "cut.dcm");
