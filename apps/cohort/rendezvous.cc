@@ -90,9 +90,14 @@ Rendezvous::Rendezvous(RendezvousOptions o) : o_(std::move(o)) {
 }
 
 bool Rendezvous::fail_over() {
-  if (leader_ || !standby_ || comm::probe_tcp(agents_at_, Millis(1000)) != comm::Reach::refused) {
-    return false;
-  }
+  auto reach = [](const comm::Endpoint& ep) {
+    try {
+      return comm::probe_tcp(ep, Millis(1000));
+    } catch (const Error&) {  // a name that does not resolve (for now)
+      return comm::Reach::silent;
+    }
+  };
+  if (leader_ || !standby_ || reach(agents_at_) != comm::Reach::refused) return false;
   std::vector<int> candidates = last_members_;
   std::sort(candidates.begin(), candidates.end());
   for (int id : candidates) {
@@ -106,7 +111,7 @@ bool Rendezvous::fail_over() {
       agents_at_ = standby_at_;
     } else {
       auto it = standbys_.find(id);
-      if (it == standbys_.end() || comm::probe_tcp(it->second, Millis(1000)) != comm::Reach::open) {
+      if (it == standbys_.end() || reach(it->second) != comm::Reach::open) {
         continue;  // gone too, or never published one
       }
       std::fprintf(stderr,
