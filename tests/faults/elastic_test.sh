@@ -71,6 +71,40 @@ wait_both() {
   pids=()
 }
 
+cat > "$dir/distance.py" << 'EOF'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in h.items():
+        # Parameters only: the running statistics are rank 0's, which sees 2 micro-batches a step.
+        if k == "__metadata__" or v["dtype"] != "F32" or "running" in k:
+            continue
+        s, e = v["data_offsets"]
+        out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+num = sum((x - y) ** 2 for k in a for x, y in zip(a[k], b[k])) ** 0.5
+den = sum(x * x for k in a for x in a[k]) ** 0.5
+print("relative distance of the parameters to the uninterrupted run's: %.2e" % (num / den))
+sys.exit(0 if num / den < 1e-5 else 1)
+EOF
+# finished_alone NODE GONE TAG GOT: host NODE went on alone after host GONE left, kept the global
+# batch, and ended with the uninterrupted run's parameters (GOT: its --save folder).
+finished_alone() {
+  local node=$1 gone=$2 log=$dir/$3.$1.log
+  [ "${codes[$node]}" = 0 ] || fail "host $node alone exited ${codes[$node]}: $(tail -8 "$log")"
+  grep -q "generation 1: nodes $node (1 of 1..2, 2 ranks); node(s) $gone left" "$log" ||
+    fail "the launcher does not say host $gone left: $(grep 'cohort launch' "$log")"
+  grep -q "train: restart: world 4 -> 2: accumulation 1 -> 2 keeps the global batch of 16" "$log" ||
+    fail "the run does not keep the global batch: $(grep 'restart' "$log")"
+  grep -q "train: restart: generation 1 resumed at step" "$log" || fail "no resumed step"
+  /usr/bin/python3 "$dir/distance.py" "$dir/ref/model.safetensors" "$4/model.safetensors" ||
+    fail "host $node alone: weights too far from the uninterrupted run's"
+}
+
 # The uninterrupted run on the same 2 x 2 layout (the allreduce order depends on it).
 launcher 0 ref 29711 2 --save "$dir/ref"
 launcher 1 ref 29711 2
@@ -122,35 +156,7 @@ wait_checkpoint "$dir/ck3/host1"
 kill -9 "$(launcher_pid 1)"
 rm -rf "$dir/ck3/host1"  # host 1 is gone with its disk
 wait_both
-[ "${codes[0]}" = 0 ] || fail "host 0 alone exited ${codes[0]}: $(tail -8 "$dir/shrink.0.log")"
-log=$dir/shrink.0.log
-grep -q "generation 1: nodes 0 (1 of 1..2, 2 ranks); node(s) 1 left" "$log" ||
-  fail "the launcher does not say host 1 left: $(grep 'cohort launch' "$log")"
-grep -q "train: restart: world 4 -> 2: accumulation 1 -> 2 keeps the global batch of 16" "$log" ||
-  fail "the run does not keep the global batch: $(grep 'restart' "$log")"
-grep -q "train: restart: generation 1 resumed at step" "$log" || fail "no resumed step"
-cat > "$dir/distance.py" << 'EOF'
-import json, struct, sys
-def load(p):
-    b = open(p, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    out = {}
-    for k, v in h.items():
-        # Parameters only: the running statistics are rank 0's, which sees 2 micro-batches a step.
-        if k == "__metadata__" or v["dtype"] != "F32" or "running" in k:
-            continue
-        s, e = v["data_offsets"]
-        out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-num = sum((x - y) ** 2 for k in a for x, y in zip(a[k], b[k])) ** 0.5
-den = sum(x * x for k in a for x in a[k]) ** 0.5
-print("relative distance of the parameters to the uninterrupted run's: %.2e" % (num / den))
-sys.exit(0 if num / den < 1e-5 else 1)
-EOF
-/usr/bin/python3 "$dir/distance.py" "$dir/ref/model.safetensors" "$dir/got3/model.safetensors" ||
-  fail "host 0 alone: weights too far from the uninterrupted run's"
+finished_alone 0 1 shrink "$dir/got3"
 echo "PASS: host 1 lost for good: host 0 finished alone with accumulation 2"
 
 # 5. Host 0's launcher (the rendezvous store's) killed for good: host 1 takes the store over and
@@ -161,16 +167,9 @@ wait_checkpoint "$dir/ck5/host1"
 kill -9 "$(launcher_pid 0)"
 rm -rf "$dir/ck5/host0"  # host 0 is gone with its disk
 wait_both
-[ "${codes[1]}" = 0 ] || fail "host 1 alone exited ${codes[1]}: $(tail -8 "$dir/lead.1.log")"
-log=$dir/lead.1.log
-grep -q "node 0's launcher is gone (its rendezvous store at .* refuses connections); this node hosts the rendezvous now" "$log" ||
-  fail "host 1 did not take the rendezvous over: $(grep 'cohort launch' "$log")"
-grep -q "generation 1: nodes 1 (1 of 1..2, 2 ranks); node(s) 0 left" "$log" ||
-  fail "the launcher does not say host 0 left: $(grep 'cohort launch' "$log")"
-grep -q "train: restart: world 4 -> 2: accumulation 1 -> 2 keeps the global batch of 16" "$log" ||
-  fail "the run does not keep the global batch: $(grep 'restart' "$log")"
-/usr/bin/python3 "$dir/distance.py" "$dir/ref/model.safetensors" "$dir/got5/model.safetensors" ||
-  fail "host 1 alone: weights too far from the uninterrupted run's"
+finished_alone 1 0 lead "$dir/got5"
+grep -q "node 0's launcher is gone (its rendezvous store at .* refuses connections); this node hosts the rendezvous now" "$dir/lead.1.log" ||
+  fail "host 1 did not take the rendezvous over: $(grep 'cohort launch' "$dir/lead.1.log")"
 echo "PASS: host 0 (the rendezvous store's) lost for good: host 1 took the store over and finished alone"
 # 4. Host 1's launcher asked to stop (SIGTERM): the job stops on both hosts, without a restart.
 launcher 0 stop 29715 1:2 --checkpoint-dir "$dir/ck4/host0" --checkpoint-every 3
