@@ -273,6 +273,17 @@ Image decode(std::span<const uint8_t> bytes, const std::string& name, int scale_
   if (int rc = spng_decoded_image_size(c.ctx, fmt, &out_size)) {
     COHORT_THROW_AS(DecodeError, name << ": PNG: " << spng_strerror(rc));
   }
+  // libspng's buffer (RGBA for 16-bit colour, gray with alpha) and, where alpha is dropped, the
+  // image both count against the cap, so that no decode holds more than it at once.
+  const size_t final_bytes =
+      static_cast<size_t>(info.width) * info.height * info.channels * (sixteen ? 2 : 1);
+  const size_t peak = out_size + (out_size != final_bytes ? final_bytes : 0);
+  if (peak > kMaxDecodedBytes) {
+    COHORT_THROW_AS(DecodeError, name << ": PNG of " << info.width << "x" << info.height
+                                      << " pixels takes " << (peak >> 20)
+                                      << " MiB to decode: more than the "
+                                      << (kMaxDecodedBytes >> 20) << " MiB an image may take");
+  }
   std::vector<uint8_t> raw(out_size);
   if (int rc = spng_decode_image(c.ctx, raw.data(), raw.size(), fmt, 0)) {
     COHORT_THROW_AS(DecodeError, name << ": PNG decode failed: " << spng_strerror(rc));
