@@ -229,6 +229,16 @@ class StructureWalk {
     if (at + 4 > b_.size()) bad(at, "no data set after the file meta information");
     return at;
   }
+  // A sequence or item delimiter at `at` (its header read whole by the caller): its length must
+  // be 0, or GDCM reads it as a fragment of that length and allocates it (fuzz_image: 3.2 GB).
+  size_t delimiter(size_t at) const {
+    if (at + 8 > b_.size()) bad(at, "a truncated delimiter");
+    if (u32(at + 4) != 0) {
+      bad(at, "a delimiter " + tag(at) + " of length " + std::to_string(u32(at + 4)) +
+                  "; it must be 0");
+    }
+    return at + 8;
+  }
   // Items of a sequence (or fragments of encapsulated pixel data) from `at`: within [at, end)
   // for a defined length, else up to the sequence delimiter. Returns where the sequence ends.
   size_t items(size_t at, size_t end, bool defined, int depth, bool fragments) const {
@@ -239,7 +249,7 @@ class StructureWalk {
       const uint32_t length = u32(at + 4);
       if (e == 0xe0dd) {  // sequence delimiter
         if (defined) bad(at, "a sequence delimiter in a sequence of defined length");
-        return at + 8;
+        return delimiter(at);
       }
       if (e != 0xe000) bad(at, "expected an item, found " + tag(at));
       at += 8;
@@ -265,7 +275,7 @@ class StructureWalk {
     while (at < end) {
       if (at + 8 > end) bad(at, "a truncated element header");
       if (u16(at) == 0xfffe) {
-        if (item && u16(at + 2) == 0xe00d) return at + 8;
+        if (item && u16(at + 2) == 0xe00d) return delimiter(at);
         bad(at, "an item tag " + tag(at) + " outside a sequence");
       }
       const uint32_t length = u32(at + 4);
@@ -288,7 +298,7 @@ class StructureWalk {
       if (u16(at) != 0xfffe) bad(at, "expected an item, found " + tag(at));
       const uint16_t e = u16(at + 2);
       const uint32_t length = u32(at + 4);
-      if (e == 0xe0dd) return at + 8;
+      if (e == 0xe0dd) return delimiter(at);
       if (e != 0xe000) bad(at, "expected an item, found " + tag(at));
       at += 8;
       if (length == kUndefined) {
@@ -308,7 +318,7 @@ class StructureWalk {
     while (at < end) {
       if (at + 4 > end) bad(at, "a truncated element header");
       if (u16(at) == 0xfffe) {
-        if (item && u16(at + 2) == 0xe00d) return at + 8;  // item delimiter
+        if (item && u16(at + 2) == 0xe00d) return delimiter(at);  // item delimiter
         bad(at, "an item tag " + tag(at) + " outside a sequence");
       }
       const Header h = header(at, end);
