@@ -528,16 +528,74 @@ uint32_t le32(const uint8_t* p) {
   return v;
 }
 
-// The first frame of RLE Lossless pixel data (DICOM PS3.5 Annex G): items after the pixel data
-// element's header, a basic offset table first, then one fragment per frame holding a 64-byte
-// header (segment count, 15 offsets) and PackBits segments, one per byte of a sample, most
-// significant first. Written here rather than taken from GDCM: GDCM's RLE decoder writes byte
-// by byte through an ostream, 300 ms for a 2048x2048 16-bit scan; this takes a few ms. Every
-// length and offset is checked against the bytes there are.
-std::vector<uint8_t> decode_rle(std::span<const uint8_t> bytes, size_t at, const StoredFormat& f,
-                                const std::string& name) {
-  auto bad = [&](const std::string& why) -> std::vector<uint8_t> {
+// DICOM RLE Lossless (PS3.5 Annex G), one frame: a 64-byte header (the segment count and 15
+// offsets, little-endian 32-bit), then PackBits segments; segment k holds byte k % `bytes` (the
+// most significant first) of sample k / `bytes` of every pixel. Returns interleaved
+// little-endian samples. Every offset and run is checked against the frame's bytes.
+// Written here rather than taken from GDCM: GDCM's decoder writes byte by byte through an
+// ostream, 300 ms for a 2048x2048 16-bit scan where whole runs by memcpy and memset take a few
+// ms; and GDCM 3.0 places 16-bit colour's segments rotated by three bytes (checked against
+// pydicom's decoder on files pydicom's encoder wrote, and on pydicom's SC_rgb_rle_16bit.dcm).
+std::vector<uint8_t> decode_rle_frame(std::span<const uint8_t> frame, int samples, int bytes,
+                                      size_t pixels, const std::string& name) {
+  auto bad = [&](const std::string& why) {
     COHORT_THROW_AS(DecodeError, name << ": RLE pixel data: " << why);
+  };
+  const size_t len = frame.size();
+  const uint8_t* p = frame.data();
+  const size_t width = static_cast<size_t>(bytes);
+  const size_t count = static_cast<size_t>(samples) * width;
+  if (len < 64) bad("a frame of " + std::to_string(len) + " bytes has no RLE header");
+  if (le32(p) != count) {
+    bad(std::to_string(le32(p)) + " segments for " + std::to_string(samples) + " sample(s) of " +
+        std::to_string(8 * bytes) + " bits (expected " + std::to_string(count) + ")");
+  }
+  std::vector<uint8_t> out(pixels * count);
+  // One byte per pixel: the segment is the image. Otherwise each segment goes to a plane first.
+  std::vector<uint8_t> plane(count == 1 ? 0 : pixels);
+  uint8_t* dst = count == 1 ? out.data() : plane.data();
+  for (size_t s = 0; s < count; ++s) {
+    const size_t start = le32(p + 4 + 4 * s);
+    const size_t end = s + 1 < count ? le32(p + 8 + 4 * s) : len;
+    if (start < 64 || start > end || end > len) {
+      bad("segment " + std::to_string(s) + " spans bytes " + std::to_string(start) + ".." +
+          std::to_string(end) + " of a " + std::to_string(len) + "-byte frame");
+    }
+    size_t o = 0, i = start;
+    while (o < pixels && i < end) {
+      const int c = static_cast<int8_t>(p[i++]);
+      if (c >= 0) {  // c + 1 literal bytes
+        const size_t k =
+            std::min<size_t>(static_cast<size_t>(c) + 1, std::min(end - i, pixels - o));
+        std::memcpy(dst + o, p + i, k);
+        o += k;
+        i += static_cast<size_t>(c) + 1;
+      } else if (c != -128) {  // the next byte, 1 - c times
+        if (i >= end) break;
+        const size_t k = std::min<size_t>(static_cast<size_t>(1 - c), pixels - o);
+        std::memset(dst + o, p[i++], k);
+        o += k;
+      }
+    }
+    if (o < pixels) {
+      bad("segment " + std::to_string(s) + " gives " + std::to_string(o) + " of " +
+          std::to_string(pixels) + " bytes");
+    }
+    if (count == 1) break;
+    // Segment s is byte `byte` (0: the least significant) of sample `sample`.
+    const size_t sample = s / width, byte = width - 1 - s % width;
+    uint8_t* to = out.data() + sample * width + byte;
+    for (size_t j = 0; j < pixels; ++j) to[j * count] = plane[j];
+  }
+  return out;
+}
+
+// The first frame's fragment of encapsulated pixel data whose value starts at `at` in the
+// file's bytes: items, a basic offset table first, then one fragment per frame.
+std::span<const uint8_t> first_frame_at(std::span<const uint8_t> bytes, size_t at,
+                                        const std::string& name) {
+  auto bad = [&](const std::string& why) {
+    COHORT_THROW_AS(DecodeError, name << ": encapsulated pixel data: " << why);
   };
   auto item = [&](size_t p, size_t* len) {
     if (p + 8 > bytes.size()) bad("truncated before an item");
@@ -552,48 +610,7 @@ std::vector<uint8_t> decode_rle(std::span<const uint8_t> bytes, size_t at, const
   size_t len = 0;
   const size_t table = item(at, &len);          // the basic offset table
   const size_t frag = item(table + len, &len);  // the first frame's fragment
-  const uint8_t* p = bytes.data() + frag;
-  if (len < 64) bad("a fragment of " + std::to_string(len) + " bytes has no RLE header");
-  const size_t bps = static_cast<size_t>(f.bits_allocated / 8);
-  const uint32_t segments = le32(p);
-  if (segments != bps) {
-    bad(std::to_string(segments) + " segments for " + std::to_string(f.bits_allocated) +
-        "-bit grayscale (expected " + std::to_string(bps) + ")");
-  }
-  const size_t px = static_cast<size_t>(f.width) * f.height;
-  std::vector<uint8_t> out(px * bps);
-  std::vector<uint8_t> plane(px);
-  for (uint32_t s = 0; s < segments; ++s) {
-    const size_t start = le32(p + 4 + 4 * s);
-    const size_t end = s + 1 < segments ? le32(p + 8 + 4 * s) : len;
-    if (start < 64 || start > end || end > len) {
-      bad("segment " + std::to_string(s) + " spans bytes " + std::to_string(start) + ".." +
-          std::to_string(end) + " of a " + std::to_string(len) + "-byte fragment");
-    }
-    size_t o = 0, i = start;
-    while (o < px && i < end) {
-      const int c = static_cast<int8_t>(p[i++]);
-      if (c >= 0) {  // c + 1 literal bytes
-        const size_t k = std::min<size_t>(static_cast<size_t>(c) + 1, std::min(end - i, px - o));
-        std::memcpy(plane.data() + o, p + i, k);
-        o += k;
-        i += static_cast<size_t>(c) + 1;
-      } else if (c != -128) {  // the next byte, 1 - c times
-        if (i >= end) break;
-        const size_t k = std::min<size_t>(static_cast<size_t>(1 - c), px - o);
-        std::memset(plane.data() + o, p[i++], k);
-        o += k;
-      }
-    }
-    if (o < px) {
-      bad("segment " + std::to_string(s) + " gives " + std::to_string(o) + " of " +
-          std::to_string(px) + " bytes");
-    }
-    // Segment 0 holds the most significant byte; the output is little endian.
-    const size_t byte = bps - 1 - s;
-    for (size_t j = 0; j < px; ++j) out[j * bps + byte] = plane[j];
-  }
-  return out;
+  return bytes.subspan(frag, len);
 }
 
 // Nothing when the file is not of that kind or lacks an attribute the fast path needs; the
@@ -655,7 +672,10 @@ std::optional<StoredPixels> parse_native(std::span<const uint8_t> bytes, const s
   if (f.slope == 0) f.slope = 1.0;
   if (rle) {
     StoredPixels n{f, nullptr, {}, file_window(ds)};
-    if (pixels) n.decoded = decode_rle(bytes, data_at, f, name);
+    if (pixels) {
+      n.decoded = decode_rle_frame(first_frame_at(bytes, data_at, name), 1, f.bits_allocated / 8,
+                                   static_cast<size_t>(f.width) * f.height, name);
+    }
     return n;
   }
   const size_t need = static_cast<size_t>(f.width) * f.height * (f.bits_allocated / 8);
@@ -815,67 +835,7 @@ void to_interleaved_rgb(std::vector<uint8_t>& raw, size_t px, bool planar, bool 
 // an unknown Photometric Interpretation too. The pixel module is checked from a plain read of
 // the data set first (the whole of it: elements out of order hide behind the pixel data from a
 // read that stops there), and such a file refused naming the attribute.
-// DICOM RLE Lossless (PS3.5 Annex G), one frame: a 64-byte header (the segment count and 15
-// offsets, little-endian 32-bit), then PackBits segments; segment k holds byte k % `bytes` (the
-// most significant first) of sample k / `bytes` of every pixel. Returns interleaved
-// little-endian samples. Used where GDCM 3.0 gets RLE wrong: 16-bit colour, whose segments its
-// decoder places rotated by three bytes (checked against pydicom's decoder on files pydicom's
-// encoder wrote, and on pydicom's SC_rgb_rle_16bit.dcm).
-std::vector<uint8_t> decode_rle_frame(std::span<const uint8_t> frame, int samples, int bytes,
-                                      size_t pixels, const std::string& name) {
-  auto le32 = [&](size_t at) {
-    uint32_t v;
-    std::memcpy(&v, frame.data() + at, 4);
-    return v;
-  };
-  const size_t count = static_cast<size_t>(samples) * static_cast<size_t>(bytes);
-  if (frame.size() < 64 || le32(0) != count) {
-    COHORT_THROW_AS(DecodeError, name << ": RLE frame of " << frame.size() << " bytes with "
-                                      << (frame.size() < 64 ? 0 : le32(0)) << " segments; " << count
-                                      << " expected");
-  }
-  std::vector<uint8_t> out(pixels * count);
-  for (size_t k = 0; k < count; ++k) {
-    const size_t begin = le32(4 + 4 * k);
-    const size_t end = k + 1 < count ? le32(8 + 4 * k) : frame.size();
-    if (begin < 64 || begin > end || end > frame.size()) {
-      COHORT_THROW_AS(DecodeError, name << ": RLE segment " << k << " spans bytes " << begin << ".."
-                                        << end << " of a frame of " << frame.size());
-    }
-    const size_t sample = k / static_cast<size_t>(bytes);
-    const size_t byte = static_cast<size_t>(bytes) - 1 - k % static_cast<size_t>(bytes);
-    size_t pos = 0, p = begin;
-    auto put = [&](uint8_t v) {
-      if (pos < pixels) out[(pos * static_cast<size_t>(samples) + sample) * bytes + byte] = v;
-      ++pos;
-    };
-    while (pos < pixels && p < end) {
-      const int n = static_cast<int8_t>(frame[p++]);
-      if (n >= 0) {  // n + 1 bytes as they are
-        if (p + static_cast<size_t>(n) + 1 > end) break;
-        for (int i = 0; i <= n; ++i) put(frame[p + static_cast<size_t>(i)]);
-        p += static_cast<size_t>(n) + 1;
-      } else if (n != -128) {  // the next byte 1 - n times
-        if (p >= end) break;
-        const uint8_t v = frame[p++];
-        for (int i = 0; i < 1 - n; ++i) put(v);
-      }
-    }
-    if (pos < pixels) {
-      COHORT_THROW_AS(DecodeError, name << ": RLE segment " << k << " holds " << pos << " of "
-                                        << pixels << " pixels");
-    }
-  }
-  return out;
-}
-
-void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name) {
-  SpanBuf buf(bytes.data(), bytes.size());
-  std::istream in(&buf);
-  gdcm::Reader peek;
-  peek.SetStream(in);
-  if (!peek.Read()) COHORT_THROW_AS(DecodeError, name << ": not a readable DICOM data set");
-  const gdcm::DataSet& ds = peek.GetFile().GetDataSet();
+void check_pixel_module(const gdcm::DataSet& ds, const std::string& name) {
   auto refuse = [&](const std::string& what) {
     COHORT_THROW_AS(DecodeError, name << ": " << what);
   };
@@ -967,24 +927,6 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
            " MiB of pixels: more than the " + std::to_string(kMaxDecodedBytes >> 20) +
            " MiB an image may take");
   }
-  // GDCM's image reader decodes RLE while it reads (for its lossy flag), and its RLE decoder
-  // crashes on a malformed frame (fuzz_image: a header declaring millions of segments). Every
-  // frame is decoded here first, each run bounded by its frame.
-  if (peek.GetFile().GetHeader().GetDataSetTransferSyntax() == gdcm::TransferSyntax::RLELossless) {
-    const gdcm::Tag pixel_tag(0x7fe0, 0x0010);
-    const gdcm::SequenceOfFragments* frags =
-        ds.FindDataElement(pixel_tag) ? ds.GetDataElement(pixel_tag).GetSequenceOfFragments()
-                                      : nullptr;
-    if (!frags || frags->GetNumberOfFragments() == 0) refuse("RLE pixel data without a fragment");
-    const size_t pixels = static_cast<size_t>(us_value(ds, 0x0028, 0x0010).value_or(0)) *
-                          static_cast<size_t>(us_value(ds, 0x0028, 0x0011).value_or(0));
-    for (size_t f = 0; f < frags->GetNumberOfFragments(); ++f) {
-      const gdcm::ByteValue* bv = frags->GetFragment(f).GetByteValue();
-      if (!bv) refuse("RLE fragment " + std::to_string(f) + " without a value");
-      decode_rle_frame({reinterpret_cast<const uint8_t*>(bv->GetPointer()), bv->GetLength()},
-                       spp.value_or(1), std::max(1, *allocated / 8), pixels, name);
-    }
-  }
   std::string pi = element_string(ds, gdcm::Tag(0x0028, 0x0004));
   while (!pi.empty() && (pi.back() == ' ' || pi.back() == '\0')) pi.pop_back();
   static const char* const kKnown[] = {"MONOCHROME1",
@@ -1031,6 +973,41 @@ void check_pixel_module(std::span<const uint8_t> bytes, const std::string& name)
   }
 }
 
+// RLE pixel data, every frame decoded by Cohort's decoder (decode_rle_frame) before GDCM's image
+// reader sees the file: that reader decodes RLE while it reads (for its lossy flag), and its
+// decoder crashes on a malformed frame (fuzz_image: a header declaring millions of segments).
+// Returns the first frame, which is then the image's pixels (GDCM's places 16-bit colour
+// wrongly). Empty when the pixel data is not RLE.
+std::vector<uint8_t> decode_rle_frames(const gdcm::File& file, const std::string& name) {
+  if (file.GetHeader().GetDataSetTransferSyntax() != gdcm::TransferSyntax::RLELossless) return {};
+  const gdcm::DataSet& ds = file.GetDataSet();
+  auto refuse = [&](const std::string& what) {
+    COHORT_THROW_AS(DecodeError, name << ": RLE pixel data: " << what);
+  };
+  const int alloc = us_value(ds, 0x0028, 0x0100).value_or(0);
+  if (alloc != 8 && alloc != 16 && alloc != 32) {
+    refuse(std::to_string(alloc) + " bits allocated; RLE is read at 8, 16 or 32 bits");
+  }
+  const gdcm::Tag pixel_tag(0x7fe0, 0x0010);
+  const gdcm::SequenceOfFragments* frags =
+      ds.FindDataElement(pixel_tag) ? ds.GetDataElement(pixel_tag).GetSequenceOfFragments()
+                                    : nullptr;
+  if (!frags || frags->GetNumberOfFragments() == 0) refuse("no fragment");
+  const size_t pixels = static_cast<size_t>(us_value(ds, 0x0028, 0x0010).value_or(0)) *
+                        static_cast<size_t>(us_value(ds, 0x0028, 0x0011).value_or(0));
+  const int samples = us_value(ds, 0x0028, 0x0002).value_or(1);
+  std::vector<uint8_t> first;
+  for (size_t f = 0; f < frags->GetNumberOfFragments(); ++f) {
+    const gdcm::ByteValue* bv = frags->GetFragment(f).GetByteValue();
+    if (!bv) refuse("fragment " + std::to_string(f) + " has no value");
+    auto frame =
+        decode_rle_frame({reinterpret_cast<const uint8_t*>(bv->GetPointer()), bv->GetLength()},
+                         samples, alloc / 8, pixels, name);
+    if (f == 0) first = std::move(frame);
+  }
+  return first;
+}
+
 // The first fragment of encapsulated pixel data (the first frame's), or null.
 const gdcm::ByteValue* first_fragment(const gdcm::DataSet& ds) {
   const gdcm::Tag tag(0x7fe0, 0x0010);
@@ -1065,7 +1042,16 @@ bool jpeg_declares_ycbcr(const uint8_t* p, size_t n) {
 }
 
 StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string& name) {
-  check_pixel_module(bytes, name);
+  std::vector<uint8_t> rle;  // the first frame, when the pixel data is RLE
+  {
+    SpanBuf buf(bytes.data(), bytes.size());
+    std::istream in(&buf);
+    gdcm::Reader peek;
+    peek.SetStream(in);
+    if (!peek.Read()) COHORT_THROW_AS(DecodeError, name << ": not a readable DICOM data set");
+    check_pixel_module(peek.GetFile().GetDataSet(), name);
+    rle = decode_rle_frames(peek.GetFile(), name);
+  }
   const std::string repaired = repaired_for_gdcm(bytes, name);
   if (!repaired.empty()) {
     bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(repaired.data()),
@@ -1146,15 +1132,15 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   }
   std::vector<uint8_t> raw(len);
   const size_t frame_px = static_cast<size_t>(W) * H;
-  // RLE's segments are planes whatever Planar Configuration says; decoded here, interleaved.
-  const bool rle_colour_wide =
-      ts == gdcm::TransferSyntax::RLELossless && samples == 3 && pf.GetBitsAllocated() > 8;
-  if (rle_colour_wide) {
-    const gdcm::ByteValue* first = first_fragment(file.GetDataSet());
-    if (!first) COHORT_THROW_AS(DecodeError, name << ": RLE pixel data without a fragment");
-    raw = decode_rle_frame(
-        {reinterpret_cast<const uint8_t*>(first->GetPointer()), first->GetLength()}, 3,
-        static_cast<int>(pf.GetBitsAllocated() / 8), frame_px, name);
+  // RLE was decoded above (interleaved, whatever Planar Configuration says).
+  const bool is_rle = ts == gdcm::TransferSyntax::RLELossless;
+  if (is_rle) {
+    raw = std::move(rle);
+    const size_t want = frame_px * samples * (pf.GetBitsAllocated() / 8);
+    if (raw.size() != want) {
+      COHORT_THROW_AS(DecodeError, name << ": an RLE frame of " << raw.size() << " bytes for a "
+                                        << W << "x" << H << " image of " << want);
+    }
   } else if (!img.GetBuffer(reinterpret_cast<char*>(raw.data()))) {
     COHORT_THROW_AS(DecodeError, name << ": pixel data cannot be decoded (transfer syntax "
                                       << reader.GetFile().GetHeader().GetDataSetTransferSyntax()
@@ -1179,8 +1165,7 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
     // (Big-endian 32-bit samples come from GDCM with their 16-bit halves exchanged, as below.)
     const int bits = std::clamp(f.bits_stored > 0 ? f.bits_stored : alloc, 1, alloc);
     const uint64_t top = (uint64_t{1} << bits) - 1;
-    const bool halves_exchanged =
-        alloc == 32 && !rle_colour_wide && ts == gdcm::TransferSyntax::ExplicitVRBigEndian;
+    const bool halves_exchanged = alloc == 32 && ts == gdcm::TransferSyntax::ExplicitVRBigEndian;
     const size_t n = px * 3;
     for (size_t i = 0; i < n; ++i) {
       uint64_t v;
@@ -1233,7 +1218,7 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   }
   if (samples == 3)
     to_interleaved_rgb(
-        raw, px, img.GetPlanarConfiguration() == 1 && !rle_colour_wide,
+        raw, px, img.GetPlanarConfiguration() == 1 && !is_rle,
         ((pi == gdcm::PhotometricInterpretation::YBR_FULL || ybr422) && !jpeg_family) ||
             jpeg_ycbcr);
   return StoredPixels{f, nullptr, std::move(raw), file_window(reader.GetFile().GetDataSet())};

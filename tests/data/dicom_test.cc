@@ -6,11 +6,14 @@
 #include <gdcmImageWriter.h>
 #include <gdcmReader.h>
 #include <gdcmWriter.h>
-// jpeglib.h needs FILE and size_t declared first.
 #include <gtest/gtest.h>
-#include <jpeglib.h>
+
+// jpeglib.h needs FILE and size_t declared first; it has a block of its own, since
+// clang-format sorts the includes within a block.
 #include <cstdio>
 #include <cstdlib>
+
+#include <jpeglib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -127,20 +130,18 @@ TEST(Dicom, EightBitUnsigned) {
 
 namespace {
 
-// The same image re-encoded by GDCM in another transfer syntax.
-// The file again, its image passed through one of GDCM's image filters (already configured);
-// empty on a failure.
-template <class Filter>
-std::vector<uint8_t> filtered(const std::vector<uint8_t>& plain, Filter& change) {
-  std::istringstream in(std::string(plain.begin(), plain.end()));
-  gdcm::ImageReader r;
+// `file` read by GDCM's reader `R`, changed by `edit` (false: a failure), and written back by
+// `W` (empty on a failure).
+template <class R, class W>
+std::vector<uint8_t> through_gdcm(const std::vector<uint8_t>& file,
+                                  const std::function<bool(R&, W&)>& edit) {
+  std::istringstream in(std::string(file.begin(), file.end()));
+  R r;
   r.SetStream(in);
   if (!r.Read()) return {};
-  change.SetInput(r.GetImage());
-  if (!change.Change()) return {};
-  gdcm::ImageWriter w;
+  W w;
   w.SetFile(r.GetFile());
-  w.SetImage(change.GetOutput());
+  if (!edit(r, w)) return {};
   std::ostringstream os;
   w.SetStream(os);
   if (!w.Write()) return {};
@@ -148,6 +149,29 @@ std::vector<uint8_t> filtered(const std::vector<uint8_t>& plain, Filter& change)
   return std::vector<uint8_t>(s.begin(), s.end());
 }
 
+// `file` read as a plain data set, changed by `edit`, and written back (empty on failure).
+std::vector<uint8_t> rewritten(const std::vector<uint8_t>& file,
+                               const std::function<void(gdcm::File&)>& edit) {
+  return through_gdcm<gdcm::Reader, gdcm::Writer>(file, [&](gdcm::Reader& r, gdcm::Writer&) {
+    edit(r.GetFile());
+    return true;
+  });
+}
+
+// The file again, its image passed through one of GDCM's image filters (already configured);
+// empty on a failure.
+template <class Filter>
+std::vector<uint8_t> filtered(const std::vector<uint8_t>& plain, Filter& change) {
+  return through_gdcm<gdcm::ImageReader, gdcm::ImageWriter>(
+      plain, [&](gdcm::ImageReader& r, gdcm::ImageWriter& w) {
+        change.SetInput(r.GetImage());
+        if (!change.Change()) return false;
+        w.SetImage(change.GetOutput());
+        return true;
+      });
+}
+
+// The same image re-encoded by GDCM in another transfer syntax.
 std::vector<uint8_t> transcode(const std::vector<uint8_t>& plain, const gdcm::TransferSyntax& ts) {
   gdcm::ImageChangeTransferSyntax change;
   change.SetTransferSyntax(ts);
@@ -345,10 +369,6 @@ namespace {
 // GDCM's), under transfer syntax `ts`.
 std::vector<uint8_t> encapsulated(const std::vector<uint8_t>& plain, const gdcm::TransferSyntax& ts,
                                   std::vector<uint8_t> frame) {
-  std::istringstream in(std::string(plain.begin(), plain.end()));
-  gdcm::Reader r;
-  r.SetStream(in);
-  if (!r.Read()) return {};
   if (frame.size() % 2) frame.push_back(0);
   gdcm::Fragment fragment;
   fragment.SetByteValue(reinterpret_cast<const char*>(frame.data()),
@@ -359,15 +379,10 @@ std::vector<uint8_t> encapsulated(const std::vector<uint8_t>& plain, const gdcm:
   pixels.SetValue(*fragments);
   pixels.SetVLToUndefined();  // before the VR: GDCM asserts on an undefined length for OB
   pixels.SetVR(gdcm::VR::OB);
-  r.GetFile().GetDataSet().Replace(pixels);
-  r.GetFile().GetHeader().SetDataSetTransferSyntax(ts);
-  gdcm::Writer w;
-  w.SetFile(r.GetFile());
-  std::ostringstream os;
-  w.SetStream(os);
-  if (!w.Write()) return {};
-  const std::string s = os.str();
-  return std::vector<uint8_t>(s.begin(), s.end());
+  return rewritten(plain, [&](gdcm::File& f) {
+    f.GetDataSet().Replace(pixels);
+    f.GetHeader().SetDataSetTransferSyntax(ts);
+  });
 }
 
 // DICOM RLE Lossless (PS3.5 Annex G) of samples of `bytes` bytes, written from the standard: one
@@ -645,23 +660,6 @@ std::vector<uint8_t> windowed12(int w, int h) {
   o.bits_stored = 12;
   o.window = Window{2000, 4000};
   return encode_dicom(stored16(w, h, 0, 4000), o);
-}
-
-// `file` read as a plain data set, changed by `edit`, and written back (empty on failure).
-std::vector<uint8_t> rewritten(const std::vector<uint8_t>& file,
-                               const std::function<void(gdcm::File&)>& edit) {
-  std::istringstream in(std::string(file.begin(), file.end()));
-  gdcm::Reader r;
-  r.SetStream(in);
-  if (!r.Read()) return {};
-  edit(r.GetFile());
-  std::ostringstream os;
-  gdcm::Writer w;
-  w.SetStream(os);
-  w.SetFile(r.GetFile());
-  if (!w.Write()) return {};
-  const std::string s = os.str();
-  return std::vector<uint8_t>(s.begin(), s.end());
 }
 
 void set_element(gdcm::DataSet& ds, gdcm::Tag tag, gdcm::VR vr, const void* value, size_t n) {
