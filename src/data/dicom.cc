@@ -325,7 +325,13 @@ class StructureWalk {
       const bool sq = h.vr[0] == 'S' && h.vr[1] == 'Q';
       const bool pixels = u16(at) == 0x7fe0 && u16(at + 2) == 0x0010;
       const size_t value = at + h.size;
+      const bool ob_ow = h.vr[0] == 'O' && (h.vr[1] == 'B' || h.vr[1] == 'W');
       if (h.length == kUndefined) {
+        if (pixels && depth == 0 && !ob_ow && !sq) {
+          // GDCM asserts on encapsulated pixel data of another VR (fuzz_image: OF).
+          bad(at,
+              "encapsulated pixel data " + tag(at) + " with VR " + h.vr + "; it must be OB or OW");
+        }
         if (sq || (pixels && depth == 0)) {
           at = items(value, end, false, depth, pixels);
         } else if (!(h.vr[0] == 'U' && h.vr[1] == 'N')) {
