@@ -247,6 +247,94 @@ TEST(Ops, BilinearByHand) {
   }
 }
 
+// The triangle filter of the resampler, written from its definition (support widened by the
+// scale when shrinking, half-pixel centres, weights normalised over the pixels inside the crop's
+// span of whole pixels), applied as one 2-D sum in double: the separable passes must agree with
+// it in both directions, shrinking and enlarging, on every channel.
+double triangle_2d(const Image& img, CropBox b, int ow, int oh, int c, int i, int j) {
+  auto weights = [](double start, double len, int n, int out, int k) {
+    const double scale = len / out, f = std::max(scale, 1.0);
+    const double center = start + (k + 0.5) * scale;
+    const double lo = std::max(0.0, std::floor(start)),
+                 hi = std::min<double>(n, std::ceil(start + len));
+    std::vector<std::pair<int, double>> w;
+    double sum = 0;
+    for (int x = static_cast<int>(lo); x < static_cast<int>(hi); ++x) {
+      const double d = std::fabs((x + 0.5 - center) / f);
+      if (d < 1.0) {
+        w.emplace_back(x, 1.0 - d);
+        sum += 1.0 - d;
+      }
+    }
+    for (auto& [x, v] : w) v /= sum;
+    return w;
+  };
+  double v = 0;
+  for (auto [y, wy] : weights(b.y, b.h, img.height, oh, j)) {
+    for (auto [x, wx] : weights(b.x, b.w, img.width, ow, i)) v += wy * wx * img.at(x, y, c);
+  }
+  return v;
+}
+
+TEST(Ops, SeparableResizeEqualsTheTwoDimensionalFilter) {
+  for (const int bits : {8, 16}) {
+    Image img = pattern(97, 83, 3, bits);
+    cohort::CounterRng rng(bits);
+    for (size_t i = 0; i < img.data.size(); ++i) img.data[i] = static_cast<uint8_t>(rng.below(256));
+    struct Case {
+      CropBox box;
+      int w, h;
+    };
+    for (const Case& k : {Case{{5.25, 7.5, 80.0, 70.0}, 23, 29}, Case{{10, 3, 17, 11}, 40, 31},
+                          Case{{0, 0, 97, 83}, 97, 83}}) {
+      std::vector<float> out(3 * static_cast<size_t>(k.w) * k.h);
+      resize_crop(img, k.box, k.w, k.h, out.data());
+      double worst = 0;
+      for (int c = 0; c < 3; ++c) {
+        for (int j = 0; j < k.h; ++j) {
+          for (int i = 0; i < k.w; ++i) {
+            const double want = triangle_2d(img, k.box, k.w, k.h, c, i, j);
+            const double got = out[(static_cast<size_t>(c) * k.h + j) * k.w + i];
+            worst = std::max(worst, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
+          }
+        }
+      }
+      EXPECT_LT(worst, 1e-5) << bits << "-bit, " << k.w << "x" << k.h;
+    }
+  }
+}
+
+// From rows given on demand, only the rows and columns the taps reach are asked for, each row
+// once, and the output equals the resize of the whole image.
+TEST(Ops, ResizeFromRowsAsksForEachRowOnce) {
+  Image img = pattern(300, 200, 1, 16);
+  const CropBox box{40.5, 60.25, 150, 90};
+  std::vector<float> whole(64 * 48), from_rows(64 * 48);
+  resize_crop(img, box, 64, 48, whole.data());
+  std::vector<int> asked(200, 0);
+  int lo_x = 300, hi_x = 0;
+  RowSource src{300, 200, 1, 16, nullptr};
+  src.row = [&](int y, int x0, int n, float* out) {
+    ++asked[static_cast<size_t>(y)];
+    lo_x = std::min(lo_x, x0);
+    hi_x = std::max(hi_x, x0 + n);
+    for (int x = 0; x < n; ++x) out[x] = img.at(x0 + x, y, 0);
+  };
+  resize_crop(src, box, 64, 48, from_rows.data());
+  EXPECT_EQ(whole, from_rows);
+  for (int y = 0; y < 200; ++y) {
+    EXPECT_LE(asked[static_cast<size_t>(y)], 1) << "row " << y;
+    // The crop spans rows 60.25..150.25, so the taps stay within rows 60..150.
+    if (y < 60 || y > 150) {
+      EXPECT_EQ(asked[static_cast<size_t>(y)], 0) << "row " << y;
+    } else if (y >= 62 && y <= 148) {
+      EXPECT_EQ(asked[static_cast<size_t>(y)], 1) << "row " << y;
+    }
+  }
+  EXPECT_GE(lo_x, 40);  // the crop spans columns 40.5..190.5
+  EXPECT_LE(hi_x, 191);
+}
+
 TEST(Ops, RandomResizedCropFollowsTorchvision) {
   for (uint64_t k = 0; k < 2000; ++k) {
     cohort::CounterRng rng(cohort::key3(1, 2, k));

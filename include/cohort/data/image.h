@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +30,16 @@ struct Image {
     __builtin_memcpy(&v, data.data() + 2 * i, 2);
     return v;
   }
+};
+
+// An image read a row at a time, as float values in its own range (0..255 for 8 bits, 0..65535
+// for 16): `row(y, x0, n, out)` writes pixels x0..x0+n-1 of row y, channels interleaved. A
+// decoder that can give rows on demand (stored DICOM values through their window) so hands an
+// image to an operator without the whole image, or a copy of it, in memory.
+struct RowSource {
+  int width = 0, height = 0, channels = 0;
+  int bits = 8;  // of the values: 8 or 16
+  std::function<void(int y, int x0, int n, float* out)> row;
 };
 
 // A rectangle of an image, in pixels.

@@ -27,6 +27,9 @@ CropBox resize_center_crop_box(int width, int height, int resize, int crop);
 // triangle filter widened by the scale, as PIL and torchvision antialias=True do). Output is
 // planar float, channel after channel, in the source's value range.
 void resize_crop(const Image& src, CropBox box, int out_w, int out_h, float* out);
+// The same from rows given on demand: only the rows and columns the crop's taps reach are asked
+// for, each once.
+void resize_crop(const RowSource& src, CropBox box, int out_w, int out_h, float* out);
 
 void flip_horizontal(float* planes, int channels, int height, int width);
 void flip_vertical(float* planes, int channels, int height, int width);
