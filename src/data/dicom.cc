@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <streambuf>
 
@@ -396,27 +397,44 @@ Image rgb_region(const uint8_t* raw, const StoredFormat& f, PixelRegion r) {
   return out;
 }
 
-// The windowed output of stored values through one table: stored value -> modality value
-// (rescale) -> VOI window -> [0, 65535], MONOCHROME1 inverted. Stored values have at most 16
-// bits, so the table has at most 65536 entries, built once per image; the pixel loop is then a
-// mask and a lookup. (Converting each pixel through a double and lround cost 73.6 ms for a
-// 2048x2048 scan; the table: a few ms.)
-Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Window> window,
-                    std::optional<PixelRegion> region) {
-  const size_t px = static_cast<size_t>(f.width) * static_cast<size_t>(f.height);
-  if (f.samples == 3) {
-    PixelRegion r = region.value_or(PixelRegion{0, 0, f.width, f.height});
-    r.x = std::clamp(r.x, 0, f.width);
-    r.y = std::clamp(r.y, 0, f.height);
-    r.w = std::clamp(r.w, 0, f.width - r.x);
-    r.h = std::clamp(r.h, 0, f.height - r.y);
-    return rgb_region(raw, f, r);
+// Stored values to windowed output through one table: stored value -> modality value (rescale)
+// -> VOI window -> [0, 65535], MONOCHROME1 inverted. Stored values have at most 16 bits, so the
+// table has at most 65536 entries, built once per image; a pixel is then a mask and a lookup.
+// (Converting each pixel through a double and lround cost 73.6 ms for a 2048x2048 scan; the
+// table: a few ms.)
+struct Windowing {
+  std::vector<uint16_t> lut;
+  int shift = 0;
+  uint32_t mask = 0;
+  int bytes = 1;  // per stored value: 1 or 2
+  // Pixels x0..x0+n-1 of stored row `row`, windowed.
+  template <typename Out>
+  void apply(const uint8_t* row, int x0, int n, Out* out) const {
+    if (bytes == 1) {
+      const uint8_t* r = row + x0;
+      for (int x = 0; x < n; ++x) out[x] = static_cast<Out>(lut[(r[x] >> shift) & mask]);
+    } else {
+      const uint8_t* r = row + 2 * static_cast<size_t>(x0);
+      for (int x = 0; x < n; ++x) {
+        uint16_t u;
+        std::memcpy(&u, r + 2 * x, 2);
+        out[x] = static_cast<Out>(lut[(u >> shift) & mask]);
+      }
+    }
   }
+};
+
+// The table of grayscale stored values `raw` (format `f`) under `window`, or, with none, under
+// the full range of the image's modality values.
+Windowing windowing(const uint8_t* raw, const StoredFormat& f, std::optional<Window> window) {
+  const size_t px = static_cast<size_t>(f.width) * static_cast<size_t>(f.height);
   const int alloc = f.bits_allocated;
   const int stored = std::clamp(f.bits_stored > 0 ? f.bits_stored : alloc, 1, alloc);
   const int high = f.high_bit >= 0 ? std::min(f.high_bit, alloc - 1) : stored - 1;
-  const int shift = std::max(0, high + 1 - stored);
-  const uint32_t mask = stored >= 32 ? ~0u : (1u << stored) - 1u;
+  Windowing t;
+  t.shift = std::max(0, high + 1 - stored);
+  t.mask = stored >= 32 ? ~0u : (1u << stored) - 1u;
+  t.bytes = alloc / 8;
   const size_t entries = size_t{1} << stored;
   auto value_of = [&](uint32_t index) {  // the modality value of a stored value
     int64_t v = index;
@@ -432,13 +450,13 @@ Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Win
       std::memcpy(&u, raw + 2 * i, 2);
       s = u;
     }
-    return (s >> shift) & mask;
+    return (s >> t.shift) & t.mask;
   };
   Window win;
   if (window) {
     win = *window;
   } else {  // no window anywhere: the full range of the modality values
-    uint32_t lo = mask, hi = 0;
+    uint32_t lo = t.mask, hi = 0;
     if (f.is_signed) {  // order by value, not by stored bits
       double vlo = value_of(index_at(0)), vhi = vlo;
       for (size_t i = 0; i < px; ++i) {
@@ -458,17 +476,30 @@ Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Win
       win = Window{(vlo + vhi + 1) / 2, std::max(1.0, vhi - vlo + 1)};
     }
   }
-  std::vector<uint16_t> lut(entries);
+  t.lut.resize(entries);
   for (size_t s = 0; s < entries; ++s) {
     double y = voi_linear(value_of(static_cast<uint32_t>(s)), win);
     if (f.monochrome1) y = 1.0 - y;
-    lut[s] = static_cast<uint16_t>(std::lround(y * 65535.0));
+    t.lut[s] = static_cast<uint16_t>(std::lround(y * 65535.0));
   }
+  return t;
+}
+
+PixelRegion clamped(std::optional<PixelRegion> region, const StoredFormat& f) {
   PixelRegion r = region.value_or(PixelRegion{0, 0, f.width, f.height});
   r.x = std::clamp(r.x, 0, f.width);
   r.y = std::clamp(r.y, 0, f.height);
   r.w = std::clamp(r.w, 0, f.width - r.x);
   r.h = std::clamp(r.h, 0, f.height - r.y);
+  return r;
+}
+
+// The windowed image of `region` (colour: 8-bit RGB as it is, it needs no window).
+Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Window> window,
+                    std::optional<PixelRegion> region) {
+  const PixelRegion r = clamped(region, f);
+  if (f.samples == 3) return rgb_region(raw, f, r);
+  const Windowing t = windowing(raw, f, window);
   Image out;
   out.width = r.w;
   out.height = r.h;
@@ -476,19 +507,10 @@ Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Win
   out.bits = 16;
   out.data.resize(static_cast<size_t>(r.w) * r.h * 2);
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data.data());
-  const size_t bpp = static_cast<size_t>(alloc / 8);
+  const size_t row_bytes = static_cast<size_t>(f.width) * t.bytes;
   for (int y = 0; y < r.h; ++y) {
-    const uint8_t* row = raw + (static_cast<size_t>(r.y + y) * f.width + r.x) * bpp;
-    uint16_t* dst = o + static_cast<size_t>(y) * r.w;
-    if (alloc == 8) {
-      for (int x = 0; x < r.w; ++x) dst[x] = lut[(row[x] >> shift) & mask];
-    } else {
-      for (int x = 0; x < r.w; ++x) {
-        uint16_t u;
-        std::memcpy(&u, row + 2 * x, 2);
-        dst[x] = lut[(u >> shift) & mask];
-      }
-    }
+    t.apply(raw + static_cast<size_t>(r.y + y) * row_bytes, r.x, r.w,
+            o + static_cast<size_t>(y) * r.w);
   }
   return out;
 }
@@ -1258,6 +1280,26 @@ ImageInfo DicomPixels::info() const {
 
 Image DicomPixels::window(std::optional<Window> window, std::optional<PixelRegion> region) const {
   return window_pixels(s_->pixels(), s_->format, window ? window : s_->window, region);
+}
+
+RowSource DicomPixels::rows(std::optional<Window> window) const {
+  const StoredFormat& f = s_->format;
+  const uint8_t* raw = s_->pixels();
+  RowSource src{f.width, f.height, f.samples, f.samples == 3 ? 8 : 16, nullptr};
+  if (f.samples == 3) {
+    const size_t row_bytes = static_cast<size_t>(f.width) * 3;
+    src.row = [raw, row_bytes](int y, int x0, int n, float* out) {
+      const uint8_t* r = raw + static_cast<size_t>(y) * row_bytes + static_cast<size_t>(x0) * 3;
+      for (size_t i = 0; i < static_cast<size_t>(n) * 3; ++i) out[i] = r[i];
+    };
+    return src;
+  }
+  auto t = std::make_shared<const Windowing>(windowing(raw, f, window ? window : s_->window));
+  const size_t row_bytes = static_cast<size_t>(f.width) * t->bytes;
+  src.row = [raw, row_bytes, t](int y, int x0, int n, float* out) {
+    t->apply(raw + static_cast<size_t>(y) * row_bytes, x0, n, out);
+  };
+  return src;
 }
 
 ImageInfo probe_dicom(std::span<const uint8_t> bytes, const std::string& name) {

@@ -240,17 +240,14 @@ void Pipeline::run_task(size_t t, Slot& s) {
                       ? random_resized_crop_box(info.width, info.height, rng, opt_.crop_scale_min,
                                                 1.0, opt_.crop_ratio_min, opt_.crop_ratio_max)
                       : resize_center_crop_box(info.width, info.height, opt_.resize, S);
+    // The image the crop is resampled from: a DICOM scan's stored values, windowed row by row
+    // as the resampler reads them (only the crop's rows and columns, and no windowed copy of
+    // them in memory: 2048 px scans, 4 MB a crop), or a decoded image.
+    RowSource rows;
     Image img;
     CropBox sbox = box;  // the crop in the decoded image's pixels
     if (info.format == Format::dicom) {
-      // Only the crop (and two pixels around it, which the resampling taps may reach) is
-      // windowed: a random crop of a large scan needs a fraction of it.
-      const int x0 = std::max(0, static_cast<int>(std::floor(box.x)) - 2);
-      const int y0 = std::max(0, static_cast<int>(std::floor(box.y)) - 2);
-      const int x1 = std::min(info.width, static_cast<int>(std::ceil(box.x + box.w)) + 2);
-      const int y1 = std::min(info.height, static_cast<int>(std::ceil(box.y + box.h)) + 2);
-      img = dicom->window(opt_.window, PixelRegion{x0, y0, x1 - x0, y1 - y0});
-      sbox = CropBox{box.x - x0, box.y - y0, box.w, box.h};
+      rows = dicom->rows(opt_.window);
     } else if (info.format == Format::jpeg) {
       // Only the crop's blocks (and two pixels around it for the resampling taps) are decoded,
       // downscaled in the DCT domain as far as the crop allows.
@@ -268,12 +265,13 @@ void Pipeline::run_task(size_t t, Slot& s) {
     } else {
       img = decode(bytes, name, 8, opt_.idct);
     }
-    if (img.channels != info.channels) {
-      COHORT_THROW_AS(DecodeError, name << ": " << img.channels << " channels after decoding");
+    const int C = rows.row ? rows.channels : img.channels;
+    const int bits = rows.row ? rows.bits : img.bits;
+    if (C != info.channels) {
+      COHORT_THROW_AS(DecodeError, name << ": " << C << " channels after decoding");
     }
     auto t2 = Clock::now();
     decode_s = std::chrono::duration<double>(t2 - t1).count();
-    const int C = img.channels;
     if (C != 1 && C != channels_) {
       COHORT_THROW_AS(DecodeError,
                       name << " has " << C << " channels, the batch has " << channels_);
@@ -281,7 +279,11 @@ void Pipeline::run_task(size_t t, Slot& s) {
     const size_t plane = static_cast<size_t>(S) * S;
     t_planes.resize(plane * static_cast<size_t>(channels_));
     float* p = t_planes.data();
-    resize_crop(img, sbox, S, S, p);
+    if (rows.row) {
+      resize_crop(rows, sbox, S, S, p);
+    } else {
+      resize_crop(img, sbox, S, S, p);
+    }
     auto t3 = Clock::now();
     resize_s = std::chrono::duration<double>(t3 - t2).count();
     if (opt_.train) {
@@ -294,7 +296,7 @@ void Pipeline::run_task(size_t t, Slot& s) {
         rotate(p, C, S, S, rng.uniform(-opt_.rotation, opt_.rotation), scratch);
       }
       if (opt_.brightness > 0 || opt_.contrast > 0) {
-        const float maxv = img.bits == 16 ? 65535.f : 255.f;
+        const float maxv = bits == 16 ? 65535.f : 255.f;
         float b = static_cast<float>(rng.uniform(-opt_.brightness, opt_.brightness)) * maxv;
         float k = static_cast<float>(rng.uniform(1.0 - opt_.contrast, 1.0 + opt_.contrast));
         brightness_contrast(p, C, S, S, b, k);
@@ -302,7 +304,7 @@ void Pipeline::run_task(size_t t, Slot& s) {
     }
     for (int c = C; c < channels_; ++c) std::memcpy(p + c * plane, p, plane * sizeof(float));
     // Normalize (x / max - mean) / std = x * a + b, and write in the batch's layout and type.
-    const float inv = 1.f / (img.bits == 16 ? 65535.f : 255.f);
+    const float inv = 1.f / (bits == 16 ? 65535.f : 255.f);
     uint8_t* dst = s.data + j * sample_bytes_;
     for (int c = 0; c < channels_; ++c) {
       const float m = opt_.mean[std::min<size_t>(c, opt_.mean.size() - 1)];

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,7 +11,9 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/half.h"
+#include "cohort/data/dicom.h"
 #include "cohort/data/image.h"
+#include "cohort/data/ops.h"
 #include "cohort/data/scans.h"
 #include "cohort/data/shards.h"
 
@@ -173,6 +176,65 @@ TEST(Pipeline, ShapesLayoutsAndGrayToThree) {
   EXPECT_EQ(b.size, 2);  // the last batch is short
   EXPECT_FALSE(p.next(&b));
   fs::remove_all(dir);
+}
+
+// A DICOM scan's sample is its stored values windowed as decode_dicom windows the whole image,
+// then that image's crop resized and normalised: the pipeline windows the crop's rows as the
+// resampler reads them, and must give the same values (grayscale, and 8-bit colour).
+TEST(Pipeline, DicomWindowedRowByRowEqualsTheWholeImageWindowed) {
+  for (const bool colour : {false, true}) {
+    auto dir = make_set(colour ? "dicom-rgb" : "dicom", "dicom", 4);
+    if (colour) {  // the same scans, written again as 8-bit RGB
+      for (const auto& e : fs::recursive_directory_iterator(dir)) {
+        if (e.path().extension() != ".dcm") continue;
+        Image gray = decode_dicom(read_file(e.path().string()), e.path().string());
+        Image rgb;
+        rgb.width = gray.width;
+        rgb.height = gray.height;
+        rgb.channels = 3;
+        for (size_t i = 0; i < gray.data.size() / 2; ++i) {
+          const uint8_t v = gray.data[2 * i + 1];
+          for (int c = 0; c < 3; ++c) rgb.data.push_back(static_cast<uint8_t>(v + 40 * c));
+        }
+        write_file(e.path().string(), encode_dicom(rgb, DicomWriteOptions{}));
+      }
+    }
+    auto samples = open_source(dir);
+    PipelineOptions o;
+    o.batch = 4;
+    o.size = 24;
+    o.train = false;  // resize to 40, centre crop 24: a shrink, so the filter is widened
+    o.resize = 40;
+    o.shuffle = false;
+    o.mean = {0.5f};
+    o.std = {0.25f};
+    Pipeline p(samples, o);
+    p.start_epoch(0);
+    Batch b;
+    ASSERT_TRUE(p.next(&b));
+    ASSERT_EQ(b.size, 4);
+    const int C = colour ? 3 : 1;
+    ASSERT_EQ(b.channels, C);
+    const size_t plane = 24 * 24;
+    const float* got = reinterpret_cast<const float*>(b.data);
+    for (int i = 0; i < 4; ++i) {
+      std::vector<uint8_t> scratch;
+      const size_t idx = b.indices[static_cast<size_t>(i)];
+      auto bytes = samples->bytes(idx, scratch);
+      const Image whole = decode_dicom(std::vector<uint8_t>(bytes.begin(), bytes.end()), "whole");
+      const CropBox box = resize_center_crop_box(whole.width, whole.height, 40, 24);
+      std::vector<float> want(plane * C);
+      resize_crop(whole, box, 24, 24, want.data());
+      const float top = colour ? 255.f : 65535.f;
+      double worst = 0;
+      for (size_t k = 0; k < plane * C; ++k) {
+        const double w = (want[k] / top - 0.5) / 0.25;
+        worst = std::max(worst, std::fabs(got[i * plane * C + k] - w));
+      }
+      EXPECT_LT(worst, 1e-5) << (colour ? "colour " : "gray ") << samples->name(idx);
+    }
+    fs::remove_all(dir);
+  }
 }
 
 TEST(Pipeline, MultiLabelCsv) {

@@ -45,6 +45,9 @@ class DicomPixels {
   ImageInfo info() const;
   // As decode_dicom: `window` overrides the file's; `region` cuts a rectangle.
   Image window(std::optional<Window> window, std::optional<PixelRegion> region) const;
+  // The same values a row at a time, for an operator that reads only part of the image (a
+  // crop's resampling) without the windowed image in memory. It must not outlive this object.
+  RowSource rows(std::optional<Window> window) const;
 
  private:
   std::unique_ptr<StoredPixels> s_;
