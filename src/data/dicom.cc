@@ -407,18 +407,19 @@ struct Windowing {
   int shift = 0;
   uint32_t mask = 0;
   int bytes = 1;  // per stored value: 1 or 2
-  // Pixels x0..x0+n-1 of stored row `row`, windowed.
+  // Pixels x0..x0+n-1 of stored row `row`, windowed through `table` (`lut`, or the same values
+  // in another type: a table of floats spares the resampler a conversion per pixel).
   template <typename Out>
-  void apply(const uint8_t* row, int x0, int n, Out* out) const {
+  void apply(const Out* table, const uint8_t* row, int x0, int n, Out* out) const {
     if (bytes == 1) {
       const uint8_t* r = row + x0;
-      for (int x = 0; x < n; ++x) out[x] = static_cast<Out>(lut[(r[x] >> shift) & mask]);
+      for (int x = 0; x < n; ++x) out[x] = table[(r[x] >> shift) & mask];
     } else {
       const uint8_t* r = row + 2 * static_cast<size_t>(x0);
       for (int x = 0; x < n; ++x) {
         uint16_t u;
         std::memcpy(&u, r + 2 * x, 2);
-        out[x] = static_cast<Out>(lut[(u >> shift) & mask]);
+        out[x] = table[(u >> shift) & mask];
       }
     }
   }
@@ -509,7 +510,7 @@ Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Win
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data.data());
   const size_t row_bytes = static_cast<size_t>(f.width) * t.bytes;
   for (int y = 0; y < r.h; ++y) {
-    t.apply(raw + static_cast<size_t>(r.y + y) * row_bytes, r.x, r.w,
+    t.apply(t.lut.data(), raw + static_cast<size_t>(r.y + y) * row_bytes, r.x, r.w,
             o + static_cast<size_t>(y) * r.w);
   }
   return out;
@@ -1294,10 +1295,16 @@ RowSource DicomPixels::rows(std::optional<Window> window) const {
     };
     return src;
   }
-  auto t = std::make_shared<const Windowing>(windowing(raw, f, window ? window : s_->window));
-  const size_t row_bytes = static_cast<size_t>(f.width) * t->bytes;
-  src.row = [raw, row_bytes, t](int y, int x0, int n, float* out) {
-    t->apply(raw + static_cast<size_t>(y) * row_bytes, x0, n, out);
+  struct Table {
+    Windowing t;
+    std::vector<float> values;  // t.lut as floats
+  };
+  auto table = std::make_shared<Table>();
+  table->t = windowing(raw, f, window ? window : s_->window);
+  table->values.assign(table->t.lut.begin(), table->t.lut.end());
+  const size_t row_bytes = static_cast<size_t>(f.width) * table->t.bytes;
+  src.row = [raw, row_bytes, table](int y, int x0, int n, float* out) {
+    table->t.apply(table->values.data(), raw + static_cast<size_t>(y) * row_bytes, x0, n, out);
   };
   return src;
 }
