@@ -277,20 +277,21 @@ double triangle_2d(const Image& img, CropBox b, int ow, int oh, int c, int i, in
 }
 
 TEST(Ops, SeparableResizeEqualsTheTwoDimensionalFilter) {
-  for (const int bits : {8, 16}) {
-    Image img = pattern(97, 83, 3, bits);
-    cohort::CounterRng rng(bits);
+  for (const auto& [bits, C] : {std::pair{8, 1}, {8, 3}, {16, 1}, {16, 3}}) {
+    Image img = pattern(97, 83, C, bits);
+    cohort::CounterRng rng(static_cast<uint64_t>(bits * C));
     for (size_t i = 0; i < img.data.size(); ++i) img.data[i] = static_cast<uint8_t>(rng.below(256));
     struct Case {
       CropBox box;
       int w, h;
     };
-    for (const Case& k : {Case{{5.25, 7.5, 80.0, 70.0}, 23, 29}, Case{{10, 3, 17, 11}, 40, 31},
-                          Case{{0, 0, 97, 83}, 97, 83}}) {
-      std::vector<float> out(3 * static_cast<size_t>(k.w) * k.h);
+    // Shrinking by 3.5 and 2.4 (taps in more than one vector of 4), enlarging, the same size.
+    for (const Case& k : {Case{{5.25, 7.5, 80.0, 70.0}, 23, 29}, Case{{1, 2, 95, 80}, 40, 33},
+                          Case{{10, 3, 17, 11}, 40, 31}, Case{{0, 0, 97, 83}, 97, 83}}) {
+      std::vector<float> out(static_cast<size_t>(C) * k.w * k.h);
       resize_crop(img, k.box, k.w, k.h, out.data());
       double worst = 0;
-      for (int c = 0; c < 3; ++c) {
+      for (int c = 0; c < C; ++c) {
         for (int j = 0; j < k.h; ++j) {
           for (int i = 0; i < k.w; ++i) {
             const double want = triangle_2d(img, k.box, k.w, k.h, c, i, j);
@@ -299,7 +300,7 @@ TEST(Ops, SeparableResizeEqualsTheTwoDimensionalFilter) {
           }
         }
       }
-      EXPECT_LT(worst, 1e-5) << bits << "-bit, " << k.w << "x" << k.h;
+      EXPECT_LT(worst, 1e-5) << bits << "-bit, " << C << " channel(s), " << k.w << "x" << k.h;
     }
   }
 }
