@@ -59,7 +59,8 @@ Run add_bench_data(CLI::App& app) {
   struct Opts {
     std::string source, json, layout = "nchw", out = "f32";
     std::vector<double> window;
-    int batch = 32, workers = 2, size = 224, prefetch = 2, batches = 0, epochs = 0, channels = 0;
+    int batch = 32, workers = 2, size = 224, prefetch = 2, batches = 0, epochs = 0, channels = 0,
+        warmup = 0;
     uint64_t seed = 0;
     bool digest = false, fail = false, eval = false, accurate_dct = false;
   };
@@ -71,6 +72,9 @@ Run add_bench_data(CLI::App& app) {
   app.add_option("--prefetch", o->prefetch, "Batches prepared ahead")->check(CLI::Range(1, 64));
   app.add_option("--batches", o->batches, "Stop after this many batches");
   app.add_option("--epochs", o->epochs, "Run this many epochs (default 1 unless --batches)");
+  app.add_option("--warmup", o->warmup,
+                 "Batches taken before the clock starts (as the PyTorch loader peers do)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--channels", o->channels, "3: repeat gray to 3 channels");
   app.add_option("--layout", o->layout, "nchw or nhwc")->check(CLI::IsMember({"nchw", "nhwc"}));
   app.add_option("--out-type", o->out, "f32, bf16 or u8")
@@ -106,8 +110,8 @@ Run add_bench_data(CLI::App& app) {
     po.rank = job.rank;
     data::Pipeline p(data::open_source(o->source), po);
     const int epochs = o->epochs > 0 ? o->epochs : (o->batches > 0 ? 1 << 30 : 1);
-    uint64_t total = 0, n_batches = 0, images = 0;
-    auto t0 = Clock::now();
+    uint64_t total = 0, n_batches = 0, images = 0, timed_images = 0;
+    auto t0 = Clock::now();  // restarted after the warm-up batches
     auto last_print = t0;
     for (int e = 0; e < epochs; ++e) {
       p.start_epoch(static_cast<uint64_t>(e));
@@ -124,10 +128,16 @@ Run add_bench_data(CLI::App& app) {
         }
         images += static_cast<uint64_t>(b.size);
         ++n_batches;
+        if (n_batches == static_cast<uint64_t>(o->warmup)) {
+          t0 = Clock::now();
+        } else if (n_batches > static_cast<uint64_t>(o->warmup)) {
+          timed_images += static_cast<uint64_t>(b.size);
+        }
         if (seconds_since(last_print) > 5) {
           last_print = Clock::now();
           std::fprintf(stderr, "bench data: epoch %d, %llu batches, %.1f images/s\n", e,
-                       static_cast<unsigned long long>(n_batches), images / seconds_since(t0));
+                       static_cast<unsigned long long>(n_batches),
+                       timed_images / seconds_since(t0));
         }
         if (o->batches > 0 && n_batches >= static_cast<uint64_t>(o->batches)) break;
       }
@@ -135,12 +145,18 @@ Run add_bench_data(CLI::App& app) {
     }
     const double secs = seconds_since(t0);
     data::PipelineStats st = p.stats();
-    const double ips = images / secs;
+    if (n_batches <= static_cast<uint64_t>(o->warmup)) {
+      COHORT_THROW("bench data: --warmup " << o->warmup << " takes every one of the " << n_batches
+                                           << " batches; none was timed");
+    }
+    const double ips = timed_images / secs;
     std::printf("# cohort bench data: %s, batch %d, %d workers, %dx%d, rank %d/%d\n",
                 o->source.c_str(), o->batch, o->workers, o->size, o->size, job.rank, job.world);
-    std::printf("images/s %.1f  batches %llu  images %llu  skipped %llu  seconds %.2f\n", ips,
+    std::printf("images/s %.1f  batches %llu  images %llu  skipped %llu  seconds %.2f", ips,
                 static_cast<unsigned long long>(n_batches), static_cast<unsigned long long>(images),
                 static_cast<unsigned long long>(st.skipped), secs);
+    if (o->warmup > 0) std::printf("  (timed after %d warm-up batches)", o->warmup);
+    std::printf("\n");
     const double per = st.images ? 1e3 / st.images : 0;
     std::printf(
         "ms/image per operator: read %.3f decode %.3f crop+resize %.3f flip+normalize %.3f; "
@@ -158,6 +174,7 @@ Run add_bench_data(CLI::App& app) {
                           {"batches", n_batches},
                           {"skipped", st.skipped},
                           {"seconds", secs},
+                          {"warmup_batches", o->warmup},
                           {"ms_read", st.read_s * per},
                           {"ms_decode", st.decode_s * per},
                           {"ms_resize", st.resize_s * per},
