@@ -47,6 +47,17 @@ TEST(Cli, DicomDatasetPackAndDigest) {
   ASSERT_EQ(run_digest(a.out).size(), 16u) << a.out;
   EXPECT_EQ(run_digest(a.out), run_digest(b.out)) << a.out << b.out;
   EXPECT_NE(run_digest(a.out), run_digest(c.out)) << a.out << c.out;
+  // --warmup: the clock starts after the first batches, which are taken all the same; taking
+  // every batch untimed is an error naming the flag.
+  auto w = sh(bench_data(scans, 5, "--warmup 2"));
+  ASSERT_EQ(w.code, 0) << w.out;
+  EXPECT_NE(w.out.find("images 12  skipped 0"), std::string::npos) << w.out;
+  EXPECT_NE(w.out.find("(timed after 2 warm-up batches)"), std::string::npos) << w.out;
+  EXPECT_EQ(run_digest(w.out), run_digest(a.out)) << w.out;
+  auto none = sh(bench_data(scans, 5, "--warmup 3"));  // 12 images in batches of 4
+  EXPECT_NE(none.code, 0) << none.out;
+  EXPECT_NE(none.out.find("--warmup 3 takes every one of the 3 batches"), std::string::npos)
+      << none.out;
 
   auto packed =
       sh("timeout 60 " + cohort_bin() + " pack " + scans + " --out " + shards + " --shards 3");
