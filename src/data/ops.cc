@@ -91,12 +91,12 @@ Taps make_taps(double start, double len, int src_len, int out) {
   return t;
 }
 
-// A horizontal tap sum: output i of a line of C interleaved channels whose first value is
-// column `col0` (C known at compile time for the common cases).
-template <int C>
-void horizontal(const float* __restrict__ line, int col0, const Taps& tx, int out_w, int channels,
+typedef float v4 __attribute__((vector_size(16)));
+
+// Horizontal tap sums of a line of `ch` interleaved channels whose first value is column `col0`,
+// into planes of `plane` floats (any channel count; the common ones have their own below).
+void horizontal(const float* __restrict__ line, int col0, const Taps& tx, int out_w, int ch,
                 size_t plane, float* __restrict__ out) {
-  const int ch = C > 0 ? C : channels;
   for (int i = 0; i < out_w; ++i) {
     const float* w = &tx.weight[static_cast<size_t>(i) * tx.stride];
     const int n = tx.count[static_cast<size_t>(i)];
@@ -114,7 +114,6 @@ void horizontal(const float* __restrict__ line, int col0, const Taps& tx, int ou
 // end). The scalar sum this replaced was half of the resampler's time. Vector extensions, not
 // intrinsics: the same sums in the same order on every machine.
 void horizontal_gray(const float* line, int col0, const Taps& tx, int out_w, float* out) {
-  typedef float v4 __attribute__((vector_size(16)));
   const int groups = tx.stride / 4;
   for (int i = 0; i < out_w; ++i) {
     const float* w = &tx.weight[static_cast<size_t>(i) * tx.stride];
@@ -127,6 +126,24 @@ void horizontal_gray(const float* line, int col0, const Taps& tx, int out_w, flo
       s += wv * pv;
     }
     out[i] = (s[0] + s[1]) + (s[2] + s[3]);
+  }
+}
+
+// RGB: one vector per tap holds its three channels (and the next pixel's red, unused), so each
+// channel's sum runs tap after tap as the scalar one did: the same values, a third of the work.
+void horizontal_rgb(const float* line, int col0, const Taps& tx, int out_w, size_t plane,
+                    float* out) {
+  for (int i = 0; i < out_w; ++i) {
+    const float* w = &tx.weight[static_cast<size_t>(i) * tx.stride];
+    const int n = tx.count[static_cast<size_t>(i)];
+    const float* px = line + static_cast<size_t>(tx.first[static_cast<size_t>(i)] - col0) * 3;
+    v4 s = {0, 0, 0, 0};
+    for (int k = 0; k < n; ++k) {
+      v4 pv;
+      std::memcpy(&pv, px + 3 * k, sizeof pv);
+      s += w[k] * pv;
+    }
+    for (int c = 0; c < 3; ++c) out[c * plane + static_cast<size_t>(i)] = s[c];
   }
 }
 
@@ -188,9 +205,9 @@ void resample(const RowSource& src, const Taps& tx, const Taps& ty, int out_w, i
     if (C == 1) {
       horizontal_gray(a, col0, tx, out_w, o);
     } else if (C == 3) {
-      horizontal<3>(a, col0, tx, out_w, C, plane, o);
+      horizontal_rgb(a, col0, tx, out_w, plane, o);
     } else {
-      horizontal<0>(a, col0, tx, out_w, C, plane, o);
+      horizontal(a, col0, tx, out_w, C, plane, o);
     }
   }
 }
