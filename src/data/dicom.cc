@@ -735,15 +735,11 @@ namespace {
 // does not need, is removed and Number of Frames set to 1 where absent, overlays and curves are
 // removed; it is written back to memory, and the image reader reads that. Empty when no repair is
 // needed; an error naming the file when one is needed and cannot be made.
-std::string repaired_for_gdcm(std::span<const uint8_t> bytes, const std::string& name) {
-  // The whole data set, sorted as GDCM's image reader will see it (reading up to the pixel data
-  // stops early at an element out of order, and missed overlays after it: fuzz_image).
-  SpanBuf buf(bytes.data(), bytes.size());
-  std::istream in(&buf);
-  gdcm::Reader whole;
-  whole.SetStream(in);
-  if (!whole.Read()) return {};  // the image reader then refuses it too
-  const gdcm::DataSet& read = whole.GetFile().GetDataSet();
+// `whole`: the file read whole by a plain reader, sorted as GDCM's image reader will see it
+// (reading up to the pixel data stops early at an element out of order, and missed overlays
+// after it: fuzz_image); it is edited in place when a repair is needed.
+std::string repaired_for_gdcm(gdcm::File& whole, const std::string& name) {
+  const gdcm::DataSet& read = whole.GetDataSet();
   const gdcm::Tag frames(0x0028, 0x0008), increment(0x0028, 0x0009), grid(0x3004, 0x000c);
   const std::string offsets = element_string(read, grid);
   const bool short_grid =
@@ -772,7 +768,7 @@ std::string repaired_for_gdcm(std::span<const uint8_t> bytes, const std::string&
         name << ": its frame geometry, overlays, curves or Recognition Code, which GDCM's "
                 "image reader cannot take, cannot be removed");
   };
-  gdcm::DataSet& ds = whole.GetFile().GetDataSet();
+  gdcm::DataSet& ds = whole.GetDataSet();
   std::vector<gdcm::Tag> drop;
   for (const gdcm::DataElement& de : ds.GetDES()) {
     if (overlay_or_curve(de.GetTag())) drop.push_back(de.GetTag());
@@ -792,7 +788,7 @@ std::string repaired_for_gdcm(std::span<const uint8_t> bytes, const std::string&
   std::ostringstream out;
   gdcm::Writer writer;
   writer.SetStream(out);
-  writer.SetFile(whole.GetFile());
+  writer.SetFile(whole);
   if (!writer.Write()) cannot();
   return out.str();
 }
@@ -1071,17 +1067,20 @@ bool jpeg_declares_ycbcr(const uint8_t* p, size_t n) {
 }
 
 StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string& name) {
+  // The whole data set, read once by a plain reader: checked, RLE decoded, and repaired where
+  // GDCM's image reader would assert.
   std::vector<uint8_t> rle;  // the first frame, when the pixel data is RLE
+  std::string repaired;
   {
     SpanBuf buf(bytes.data(), bytes.size());
     std::istream in(&buf);
-    gdcm::Reader peek;
-    peek.SetStream(in);
-    if (!peek.Read()) COHORT_THROW_AS(DecodeError, name << ": not a readable DICOM data set");
-    check_pixel_module(peek.GetFile().GetDataSet(), name);
-    rle = decode_rle_frames(peek.GetFile(), name);
+    gdcm::Reader whole;
+    whole.SetStream(in);
+    if (!whole.Read()) COHORT_THROW_AS(DecodeError, name << ": not a readable DICOM data set");
+    check_pixel_module(whole.GetFile().GetDataSet(), name);
+    rle = decode_rle_frames(whole.GetFile(), name);
+    repaired = repaired_for_gdcm(whole.GetFile(), name);
   }
-  const std::string repaired = repaired_for_gdcm(bytes, name);
   if (!repaired.empty()) {
     bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(repaired.data()),
                                      repaired.size());
