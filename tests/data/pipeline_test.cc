@@ -38,6 +38,19 @@ std::string make_set(const std::string& name, const std::string& format, int cou
   return dir;
 }
 
+// Evaluation (resize the shorter side, then a centre crop), batches of `batch`, one mean and
+// deviation for every channel.
+PipelineOptions eval_options(int batch, int size, int resize) {
+  PipelineOptions o;
+  o.batch = batch;
+  o.size = size;
+  o.train = false;
+  o.resize = resize;
+  o.mean = {0.5f};
+  o.std = {0.25f};
+  return o;
+}
+
 // (data set index -> hash of its output) over one epoch, and the batch sizes.
 std::map<size_t, uint64_t> run(std::shared_ptr<const Source> s, PipelineOptions o, uint64_t epoch,
                                size_t from = 0, std::vector<size_t>* order = nullptr) {
@@ -151,14 +164,8 @@ TEST(Pipeline, CorruptFilesAreSkippedAndCountedOrFailWhenAsked) {
 TEST(Pipeline, ShapesLayoutsAndGrayToThree) {
   auto dir = make_set("shape", "png", 6);
   auto samples = open_source(dir);
-  PipelineOptions o;
-  o.batch = 4;
-  o.size = 8;
+  PipelineOptions o = eval_options(4, 8, 10);
   o.channels = 3;
-  o.train = false;
-  o.resize = 10;
-  o.mean = {0.5f};
-  o.std = {0.25f};
   Pipeline p(samples, o);
   p.start_epoch(0);
   Batch b;
@@ -200,14 +207,9 @@ TEST(Pipeline, DicomWindowedRowByRowEqualsTheWholeImageWindowed) {
       }
     }
     auto samples = open_source(dir);
-    PipelineOptions o;
-    o.batch = 4;
-    o.size = 24;
-    o.train = false;  // resize to 40, centre crop 24: a shrink, so the filter is widened
-    o.resize = 40;
+    // Resize to 40, centre crop 24: a shrink, so the filter is widened.
+    PipelineOptions o = eval_options(4, 24, 40);
     o.shuffle = false;
-    o.mean = {0.5f};
-    o.std = {0.25f};
     Pipeline p(samples, o);
     p.start_epoch(0);
     Batch b;
