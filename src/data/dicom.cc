@@ -908,6 +908,13 @@ void check_pixel_module(const gdcm::DataSet& ds, const std::string& name) {
     refuse("Planar Configuration (0028,0006) is " + std::to_string(*planar) +
            "; DICOM allows 0 or 1");
   }
+  // Pixel Representation other than 0 (unsigned) or 1 (signed): GDCM asserts on the scalar type
+  // it makes of it (fuzz_image: 14382).
+  const auto representation = us_value(ds, 0x0028, 0x0103);
+  if (representation && *representation > 1) {
+    refuse("Pixel Representation (0028,0103) is " + std::to_string(*representation) +
+           "; DICOM allows 0 (unsigned) or 1 (signed)");
+  }
   const auto spp = us_value(ds, 0x0028, 0x0002);
   // 4 samples (ARGB, CMYK: retired) are allowed by DICOM but read by nothing here, and GDCM's
   // RLE decoder asserts on them (found by fuzz_image): refused before GDCM sees them.
