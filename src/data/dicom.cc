@@ -579,6 +579,17 @@ std::vector<uint8_t> decode_rle_frame(std::span<const uint8_t> frame, int sample
     bad(std::to_string(le32(p)) + " segments for " + std::to_string(samples) + " sample(s) of " +
         std::to_string(8 * bytes) + " bits (expected " + std::to_string(count) + ")");
   }
+  // What the frame declares must fit in what an image may take, and in what its bytes can
+  // hold: a PackBits run of 2 bytes gives at most 128. (A file of a few KB declaring 65535 x
+  // 65535 pixels made the decoder allocate and clear 13 GB before it found the data short.)
+  if (pixels * count > kMaxDecodedBytes) {
+    bad(std::to_string(pixels) + " pixels of " + std::to_string(count) + " bytes: more than the " +
+        std::to_string(kMaxDecodedBytes >> 20) + " MiB an image may take");
+  }
+  if (pixels * count > (len - 64) * 64 + 64 * count) {
+    bad(std::to_string(len) + " bytes cannot hold " + std::to_string(pixels) + " pixels of " +
+        std::to_string(count) + " bytes");
+  }
   std::vector<uint8_t> out(pixels * count);
   // One byte per pixel: the segment is the image. Otherwise each segment goes to a plane first.
   std::vector<uint8_t> plane(count == 1 ? 0 : pixels);

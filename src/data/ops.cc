@@ -150,9 +150,9 @@ void horizontal_rgb(const float* line, int col0, const Taps& tx, int out_w, size
 // Vertical pass first, then horizontal, one output row at a time: the rows the vertical taps
 // reach are converted to float once each into a ring of `ty.stride` rows (taps never reach
 // back: their first row only grows), summed by the row's weights (a weighted sum of whole rows,
-// which vectorises), and that one line is then tapped horizontally. The scalar horizontal taps
-// run on out_h lines rather than on every source row: for a 1,500-row crop of a 2048 px scan to
-// 512, a third of the work of the horizontal-first order (which took 35% of bench data's time).
+// which vectorises), and that one line is then tapped horizontally. The horizontal taps run on
+// out_h lines rather than on every source row: for a 1,500-row crop of a 2048 px scan to 512, a
+// third of the work of the horizontal-first order (which took 35% of bench data's time).
 void resample(const RowSource& src, const Taps& tx, const Taps& ty, int out_w, int out_h,
               float* out) {
   const int C = src.channels;

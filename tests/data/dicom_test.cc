@@ -16,6 +16,7 @@
 #include <jpeglib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -704,4 +705,31 @@ TEST(Dicom, DeflatedTransferSyntaxDecodes) {
   ASSERT_FALSE(deflated.empty());
   ASSERT_LT(deflated.size(), plain.size()) << "not deflated";
   EXPECT_EQ(decode_dicom(deflated, "deflated.dcm").data, decode_dicom(plain, "plain.dcm").data);
+}
+
+// An RLE file that declares more pixels than an image may take (65535 x 65535 in a few KB), or
+// more than its bytes can hold (a PackBits run of 2 bytes gives at most 128), is refused at once,
+// naming the file, before anything of that size is allocated (it took 60 s and 13 GB before).
+TEST(Dicom, RleDeclaringMorePixelsThanItsBytesHoldIsRefusedAtOnce) {
+  const auto rle = transcode(windowed12(24, 20), gdcm::TransferSyntax::RLELossless);
+  ASSERT_FALSE(rle.empty());
+  for (const uint16_t side : {uint16_t{65535}, uint16_t{4000}}) {
+    const auto huge = rewritten(rle, [&](gdcm::File& f) {
+      set_element(f.GetDataSet(), gdcm::Tag(0x0028, 0x0010), gdcm::VR::US, &side, 2);
+      set_element(f.GetDataSet(), gdcm::Tag(0x0028, 0x0011), gdcm::VR::US, &side, 2);
+    });
+    ASSERT_FALSE(huge.empty());
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      decode_dicom(huge, "huge.dcm");
+      ADD_FAILURE() << side << " x " << side << " decoded";
+    } catch (const cohort::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("huge.dcm"), std::string::npos) << what;
+      EXPECT_NE(what.find(side == 65535 ? "MiB an image may take" : "cannot hold"),
+                std::string::npos)
+          << what;
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  }
 }
