@@ -106,7 +106,11 @@ class StructureWalk {
         syntax.empty() && at + 2 <= b_.size() && b_[at] == 0x00 && b_[at + 1] == 0x08;
     if (syntax == "1.2.840.10008.1.2.2" || guessed_big) {  // the same walks, swapped
       big_ = true;
-      if (looks_explicit(at)) {
+      // Declared explicit, walked explicit (as little endian is): a first element without a VR
+      // is refused, not walked as implicit, since GDCM then reads the rest otherwise than this
+      // walk would (fuzz_image: it took bytes of a value for a 775 MB length, and cleared that
+      // much memory before it found the file short).
+      if (!guessed_big || looks_explicit(at)) {
         elements(at, b_.size(), 0);
       } else {
         implicit_elements(at, b_.size(), 0);
@@ -943,13 +947,13 @@ void check_pixel_module(const gdcm::DataSet& ds, const std::string& name) {
   };
   const auto allocated = bits(0x0100), stored = bits(0x0101), high = bits(0x0102);
   if (!allocated || *allocated == 0) refuse("no Bits Allocated (0028,0100)");
-  // Unused bits in a sample of neither 8 nor 16 bits: GDCM clears unused bits of 16-bit
-  // samples only, and asserts on any other (fuzz_image, 32 bits allocated and 1 stored).
-  if (stored && *stored != *allocated && *allocated != 8 && *allocated != 16) {
+  // Unused bits in a sample of other than 16 bits: GDCM clears unused bits of 16-bit samples
+  // only, and asserts on any other (fuzz_image: 32 bits allocated and 1 stored; 8-bit RGB with
+  // 3 stored). (8-bit grayscale in little endian, read without GDCM, may have them.)
+  if (stored && *stored != *allocated && *allocated != 16) {
     refuse("Bits Stored (0028,0101) " + std::to_string(*stored) + " in " +
            std::to_string(*allocated) +
-           " bits allocated; only 8- and 16-bit samples may have "
-           "unused bits");
+           " bits allocated; GDCM's decoders take unused bits in 16-bit samples only");
   }
   if (stored && *stored > *allocated) {
     refuse("Bits Stored (0028,0101) " + std::to_string(*stored) + " exceeds Bits Allocated " +
