@@ -20,6 +20,8 @@
 #include <sstream>
 #include <streambuf>
 
+#include "cohort/data/ops.h"
+
 namespace cohort::data {
 
 namespace {
@@ -386,21 +388,6 @@ struct StoredFormat {
   int samples = 1;  // 3: RGB, 8-bit, interleaved (converted so when decoded)
 };
 
-// A colour image's region as it is: 8-bit RGB needs no window.
-Image rgb_region(const uint8_t* raw, const StoredFormat& f, PixelRegion r) {
-  Image out;
-  out.width = r.w;
-  out.height = r.h;
-  out.channels = 3;
-  out.bits = 8;
-  out.data.resize(out.row_bytes() * static_cast<size_t>(r.h));
-  for (int y = 0; y < r.h; ++y) {
-    std::memcpy(out.data.data() + static_cast<size_t>(y) * out.row_bytes(),
-                raw + (static_cast<size_t>(r.y + y) * f.width + r.x) * 3, out.row_bytes());
-  }
-  return out;
-}
-
 // Stored values to windowed output through one table: stored value -> modality value (rescale)
 // -> VOI window -> [0, 65535], MONOCHROME1 inverted. Stored values have at most 16 bits, so the
 // table has at most 65536 entries, built once per image; a pixel is then a mask and a lookup.
@@ -490,32 +477,24 @@ Windowing windowing(const uint8_t* raw, const StoredFormat& f, std::optional<Win
   return t;
 }
 
-PixelRegion clamped(std::optional<PixelRegion> region, const StoredFormat& f) {
-  PixelRegion r = region.value_or(PixelRegion{0, 0, f.width, f.height});
-  r.x = std::clamp(r.x, 0, f.width);
-  r.y = std::clamp(r.y, 0, f.height);
-  r.w = std::clamp(r.w, 0, f.width - r.x);
-  r.h = std::clamp(r.h, 0, f.height - r.y);
-  return r;
-}
-
-// The windowed image of `region` (colour: 8-bit RGB as it is, it needs no window).
-Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Window> window,
-                    std::optional<PixelRegion> region) {
-  const PixelRegion r = clamped(region, f);
-  if (f.samples == 3) return rgb_region(raw, f, r);
-  const Windowing t = windowing(raw, f, window);
+// The windowed image (colour: 8-bit RGB as it is, it needs no window).
+Image window_pixels(const uint8_t* raw, const StoredFormat& f, std::optional<Window> window) {
   Image out;
-  out.width = r.w;
-  out.height = r.h;
-  out.channels = 1;
-  out.bits = 16;
-  out.data.resize(static_cast<size_t>(r.w) * r.h * 2);
+  out.width = f.width;
+  out.height = f.height;
+  out.channels = f.samples;
+  out.bits = f.samples == 3 ? 8 : 16;
+  out.data.resize(out.row_bytes() * static_cast<size_t>(f.height));
+  if (f.samples == 3) {
+    std::memcpy(out.data.data(), raw, out.data.size());
+    return out;
+  }
+  const Windowing t = windowing(raw, f, window);
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data.data());
   const size_t row_bytes = static_cast<size_t>(f.width) * t.bytes;
-  for (int y = 0; y < r.h; ++y) {
-    t.apply(t.lut.data(), raw + static_cast<size_t>(r.y + y) * row_bytes, r.x, r.w,
-            o + static_cast<size_t>(y) * r.w);
+  for (int y = 0; y < f.height; ++y) {
+    t.apply(t.lut.data(), raw + static_cast<size_t>(y) * row_bytes, 0, f.width,
+            o + static_cast<size_t>(y) * f.width);
   }
   return out;
 }
@@ -1300,22 +1279,15 @@ ImageInfo DicomPixels::info() const {
   return ImageInfo{s_->format.width, s_->format.height, s_->format.samples, Format::dicom};
 }
 
-Image DicomPixels::window(std::optional<Window> window, std::optional<PixelRegion> region) const {
-  return window_pixels(s_->pixels(), s_->format, window ? window : s_->window, region);
+Image DicomPixels::window(std::optional<Window> window) const {
+  return window_pixels(s_->pixels(), s_->format, window ? window : s_->window);
 }
 
 RowSource DicomPixels::rows(std::optional<Window> window) const {
   const StoredFormat& f = s_->format;
   const uint8_t* raw = s_->pixels();
   RowSource src{f.width, f.height, f.samples, f.samples == 3 ? 8 : 16, nullptr};
-  if (f.samples == 3) {
-    const size_t row_bytes = static_cast<size_t>(f.width) * 3;
-    src.row = [raw, row_bytes](int y, int x0, int n, float* out) {
-      const uint8_t* r = raw + static_cast<size_t>(y) * row_bytes + static_cast<size_t>(x0) * 3;
-      for (size_t i = 0; i < static_cast<size_t>(n) * 3; ++i) out[i] = r[i];
-    };
-    return src;
-  }
+  if (f.samples == 3) return rows_of(raw, f.width, f.height, 3);  // 8-bit RGB: no window
   struct Table {
     Windowing t;
     std::vector<float> values;  // t.lut as floats
@@ -1340,8 +1312,8 @@ ImageInfo probe_dicom(std::span<const uint8_t> bytes, const std::string& name) {
 }
 
 Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
-                   std::optional<Window> window, std::optional<PixelRegion> region) {
-  return DicomPixels(bytes, name).window(window, region);
+                   std::optional<Window> window) {
+  return DicomPixels(bytes, name).window(window);
 }
 
 std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& opt) {

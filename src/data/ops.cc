@@ -166,7 +166,8 @@ void resample(const RowSource& src, const Taps& tx, const Taps& ty, int out_w, i
   const int slots = std::max(ty.stride, 1);
   thread_local std::vector<float> ring, acc;
   ring.resize(static_cast<size_t>(slots) * line);
-  acc.assign(line + static_cast<size_t>(tx.stride), 0.f);  // zeros after the line
+  acc.resize(line + static_cast<size_t>(tx.stride));  // the line, then zeros after it
+  std::fill(acc.begin() + static_cast<std::ptrdiff_t>(line), acc.end(), 0.f);
   const size_t plane = static_cast<size_t>(out_w) * out_h;
   int next = 0;  // rows below it are in the ring, or no longer needed
   for (int j = 0; j < out_h; ++j) {
@@ -212,16 +213,13 @@ void resample(const RowSource& src, const Taps& tx, const Taps& ty, int out_w, i
   }
 }
 
-// Rows of a decoded image, as floats.
 template <typename T>
-RowSource rows_of(const Image& img) {
-  RowSource s{img.width, img.height, img.channels, img.bits, nullptr};
-  const T* p = reinterpret_cast<const T*>(img.data.data());
-  const size_t stride = static_cast<size_t>(img.width) * img.channels;
-  const int C = img.channels;
-  s.row = [p, stride, C](int y, int x0, int n, float* out) {
-    const T* r = p + static_cast<size_t>(y) * stride + static_cast<size_t>(x0) * C;
-    const size_t count = static_cast<size_t>(n) * C;
+RowSource rows_of_type(const T* p, int width, int height, int channels) {
+  RowSource s{width, height, channels, sizeof(T) == 1 ? 8 : 16, nullptr};
+  const size_t stride = static_cast<size_t>(width) * channels;
+  s.row = [p, stride, channels](int y, int x0, int n, float* out) {
+    const T* r = p + static_cast<size_t>(y) * stride + static_cast<size_t>(x0) * channels;
+    const size_t count = static_cast<size_t>(n) * channels;
     for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(r[i]);
   };
   return s;
@@ -235,9 +233,20 @@ void resize_crop(const RowSource& src, CropBox box, int out_w, int out_h, float*
   resample(src, tx, ty, out_w, out_h, out);
 }
 
+RowSource rows_of(const uint8_t* pixels, int width, int height, int channels) {
+  return rows_of_type(pixels, width, height, channels);
+}
+
+RowSource rows_of(const uint16_t* pixels, int width, int height, int channels) {
+  return rows_of_type(pixels, width, height, channels);
+}
+
 void resize_crop(const Image& src, CropBox box, int out_w, int out_h, float* out) {
-  resize_crop(src.bits == 8 ? rows_of<uint8_t>(src) : rows_of<uint16_t>(src), box, out_w, out_h,
-              out);
+  const uint8_t* p = src.data.data();
+  resize_crop(src.bits == 8 ? rows_of(p, src.width, src.height, src.channels)
+                            : rows_of(reinterpret_cast<const uint16_t*>(p), src.width, src.height,
+                                      src.channels),
+              box, out_w, out_h, out);
 }
 
 void flip_horizontal(float* p, int channels, int h, int w) {

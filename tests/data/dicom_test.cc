@@ -234,12 +234,15 @@ TEST(Dicom, RgbInterleavedAndPlanarDecodeToTheSamePixels) {
     ASSERT_EQ(got.channels, 3);
     ASSERT_EQ(got.bits, 8);
     EXPECT_EQ(got.data, src.data) << "planar " << planar;
-    const Image part = decode_dicom(file, "rgb.dcm", std::nullopt, PixelRegion{5, 4, 10, 7});
-    ASSERT_EQ(part.width, 10);
-    ASSERT_EQ(part.height, 7);
-    for (int y = 0; y < 7; ++y) {
+    // Rows on demand (the pipeline's crops) are the same pixels.
+    const DicomPixels pixels(file, "rgb.dcm");
+    const RowSource rows = pixels.rows(std::nullopt);
+    ASSERT_EQ(rows.channels, 3);
+    std::vector<float> row(10 * 3);
+    for (int y = 4; y < 11; ++y) {
+      rows.row(y, 5, 10, row.data());
       for (int x = 0; x < 10; ++x) {
-        for (int c = 0; c < 3; ++c) ASSERT_EQ(part.at(x, y, c), src.at(5 + x, 4 + y, c));
+        for (int c = 0; c < 3; ++c) ASSERT_EQ(row[3 * x + c], src.at(5 + x, y, c));
       }
     }
     for (const auto& ts :
@@ -585,9 +588,9 @@ TEST(Dicom, TruncatedFileIsAnErrorNamingIt) {
   }
 }
 
-// A region decodes to exactly that rectangle of the whole image (the window of a windowless
-// file still comes from the whole image's range); the size comes without decoding.
-TEST(Dicom, RegionIsThatRectangleOfTheWholeImage) {
+// Rows on demand (what the pipeline resamples a crop from) are those of the whole image, under
+// the file's range and under a given window; the size comes without decoding.
+TEST(Dicom, RowsOnDemandAreThoseOfTheWholeImage) {
   Image src = stored16(64, 48, 0, 4000);
   DicomWriteOptions o;
   o.bits_stored = 12;
@@ -595,17 +598,21 @@ TEST(Dicom, RegionIsThatRectangleOfTheWholeImage) {
   const ImageInfo info = probe_dicom(bytes, "r.dcm");
   EXPECT_EQ(info.width, 64);
   EXPECT_EQ(info.height, 48);
-  const Image whole = decode_dicom(bytes, "r.dcm");
-  const Image part = decode_dicom(bytes, "r.dcm", std::nullopt, PixelRegion{10, 7, 33, 20});
-  ASSERT_EQ(part.width, 33);
-  ASSERT_EQ(part.height, 20);
-  for (int y = 0; y < 20; ++y)
-    for (int x = 0; x < 33; ++x)
-      ASSERT_EQ(pixel(part, y * 33 + x), pixel(whole, (y + 7) * 64 + x + 10)) << x << "," << y;
-  // A region reaching past the edge is cut to the image.
-  const Image edge = decode_dicom(bytes, "r.dcm", std::nullopt, PixelRegion{50, 40, 30, 30});
-  EXPECT_EQ(edge.width, 14);
-  EXPECT_EQ(edge.height, 8);
+  for (const std::optional<Window> window :
+       {std::optional<Window>(), std::optional(Window{900, 700})}) {
+    const Image whole = decode_dicom(bytes, "r.dcm", window);
+    const DicomPixels pixels(bytes, "r.dcm");
+    const RowSource rows = pixels.rows(window);
+    ASSERT_EQ(rows.width, 64);
+    ASSERT_EQ(rows.height, 48);
+    ASSERT_EQ(rows.bits, 16);
+    std::vector<float> row(33);
+    for (int y = 7; y < 27; ++y) {
+      rows.row(y, 10, 33, row.data());
+      for (int x = 0; x < 33; ++x)
+        ASSERT_EQ(row[static_cast<size_t>(x)], pixel(whole, y * 64 + x + 10)) << x << "," << y;
+    }
+  }
 }
 
 // RLE pixel data that lies (a segment past the fragment, too few bytes) is an error naming the

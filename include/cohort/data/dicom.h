@@ -25,17 +25,16 @@ double voi_linear(double x, Window w);
 
 // Decodes to a 16-bit grayscale image whose values are the windowed intensities scaled to
 // [0, 65535], MONOCHROME1 inverted. `window` overrides the file's; with neither, the full range
-// of the modality values (of the whole image) is used. With `region`, only that rectangle is
-// windowed and returned (a random crop reads a fraction of a large scan). Colour images (8-bit
-// RGB, interleaved or planar, or YBR_FULL) come back as 8-bit interleaved RGB, with no window.
+// of the modality values (of the whole image) is used. Colour images (8-bit RGB, interleaved or
+// planar, or YBR_FULL) come back as 8-bit interleaved RGB, with no window.
 Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
-                   std::optional<Window> window = std::nullopt,
-                   std::optional<PixelRegion> region = std::nullopt);
+                   std::optional<Window> window = std::nullopt);
 // The image's size without decoding its pixels (native pixel data; others decode).
 ImageInfo probe_dicom(std::span<const uint8_t> bytes, const std::string& name);
 
 // A file parsed once: its size, then windowed pixels on demand. The pipeline asks for the size,
-// chooses its crop and windows only the crop, without parsing or decoding the file twice.
+// chooses its crop and windows only the crop's rows as it resamples them (`rows`), without
+// parsing or decoding the file twice.
 struct StoredPixels;
 class DicomPixels {
  public:
@@ -43,8 +42,8 @@ class DicomPixels {
   ~DicomPixels();
   DicomPixels(DicomPixels&&) noexcept;
   ImageInfo info() const;
-  // As decode_dicom: `window` overrides the file's; `region` cuts a rectangle.
-  Image window(std::optional<Window> window, std::optional<PixelRegion> region) const;
+  // As decode_dicom: `window` overrides the file's.
+  Image window(std::optional<Window> window) const;
   // The same values a row at a time, for an operator that reads only part of the image (a
   // crop's resampling) without the windowed image in memory. It must not outlive this object.
   RowSource rows(std::optional<Window> window) const;

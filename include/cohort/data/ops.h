@@ -30,6 +30,9 @@ void resize_crop(const Image& src, CropBox box, int out_w, int out_h, float* out
 // The same from rows given on demand: only the rows and columns the crop's taps reach are asked
 // for, each once.
 void resize_crop(const RowSource& src, CropBox box, int out_w, int out_h, float* out);
+// The rows of interleaved pixels in memory (which must outlive the source), as floats.
+RowSource rows_of(const uint8_t* pixels, int width, int height, int channels);
+RowSource rows_of(const uint16_t* pixels, int width, int height, int channels);
 
 void flip_horizontal(float* planes, int channels, int height, int width);
 void flip_vertical(float* planes, int channels, int height, int width);
