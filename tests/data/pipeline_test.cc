@@ -191,6 +191,10 @@ TEST(Pipeline, ShapesLayoutsAndGrayToThree) {
 TEST(Pipeline, DicomWindowedRowByRowEqualsTheWholeImageWindowed) {
   for (const bool colour : {false, true}) {
     auto dir = make_set(colour ? "dicom-rgb" : "dicom", "dicom", 4);
+    struct Removed {  // also when an assertion ends the test early
+      std::string dir;
+      ~Removed() { fs::remove_all(dir); }
+    } removed{dir};
     if (colour) {  // the same scans, written again as 8-bit RGB
       for (const auto& e : fs::recursive_directory_iterator(dir)) {
         if (e.path().extension() != ".dcm") continue;
@@ -235,7 +239,6 @@ TEST(Pipeline, DicomWindowedRowByRowEqualsTheWholeImageWindowed) {
       }
       EXPECT_LT(worst, 1e-5) << (colour ? "colour " : "gray ") << samples->name(idx);
     }
-    fs::remove_all(dir);
   }
 }
 
