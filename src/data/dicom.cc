@@ -557,6 +557,7 @@ std::vector<uint8_t> decode_rle_frame(std::span<const uint8_t> frame, int sample
   const uint8_t* p = frame.data();
   const size_t width = static_cast<size_t>(bytes);
   const size_t count = static_cast<size_t>(samples) * width;
+  if (pixels == 0) bad("a frame of an image without pixels");  // (and no buffer to place them)
   if (len < 64) bad("a frame of " + std::to_string(len) + " bytes has no RLE header");
   if (le32(p) != count) {
     bad(std::to_string(le32(p)) + " segments for " + std::to_string(samples) + " sample(s) of " +
