@@ -183,6 +183,12 @@ nlohmann::json parse_index(const std::string& text, const std::string& path) {
     COHORT_CHECK(j[key].get<int64_t>() >= 0 || j[key].is_number_unsigned(),
                  path << ": '" << key << "' is negative: " << j[key].dump());
   }
+  // Every model has them: a zero would be refused later by the model, naming no file.
+  for (const char* key : {"in_channels", "num_classes", "image_size"}) {
+    COHORT_CHECK(j[key].is_number_unsigned() && j[key].get<uint64_t>() >= 1 &&
+                     j[key].get<uint64_t>() <= 1u << 16,
+                 path << ": '" << key << "' is " << j[key].dump() << ", not in 1.." << (1u << 16));
+  }
   COHORT_CHECK(j["files"].is_array(), path << ": 'files' is not a list");
   for (const nlohmann::json& f : j["files"]) {
     COHORT_CHECK(f.is_object() && f.contains("path") && f["path"].is_string() &&
@@ -630,7 +636,12 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out) {
   o.in_channels = index["in_channels"].get<int>();
   o.num_classes = index["num_classes"].get<int>();
   o.image_size = index["image_size"].get<int>();
-  auto m = nn::make_model(index["model"].get<std::string>(), o);
+  std::unique_ptr<nn::Model> m;
+  try {
+    m = nn::make_model(index["model"].get<std::string>(), o);
+  } catch (const Error& e) {
+    COHORT_THROW(checkpoint_index(dir) << ": " << e.message());
+  }
   const RunPosition pos = load_checkpoint(dir, *m, nullptr, nn::whole_model(*m));
   nn::save_weights(*m, out,
                    {{"classes", std::to_string(o.num_classes)},

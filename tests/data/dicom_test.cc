@@ -540,6 +540,15 @@ TEST(Dicom, OneBitMasksAndThirtyTwoBitGridsDecode) {
   ASSERT_EQ(m.height, h);
   for (int i = 0; i < w * h; ++i)
     EXPECT_EQ(pixel(m, i), bit[static_cast<size_t>(i)] ? 65535 : 0) << i;
+  // A mask shorter than its pixels is refused (GDCM would fill it out, whatever size it declared).
+  std::vector<uint8_t> cut(packed.begin(), packed.end() - 2);
+  try {
+    decode_dicom(raw_dicom(w, h, 1, cut, gdcm::TransferSyntax::ExplicitVRLittleEndian),
+                 "short-mask.dcm");
+    ADD_FAILURE() << "a mask of " << cut.size() << " bytes for " << w << "x" << h << " decoded";
+  } catch (const cohort::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("short-mask.dcm"), std::string::npos) << e.what();
+  }
 
   std::vector<uint8_t> grid(static_cast<size_t>(w * h) * 4);
   std::vector<uint32_t> value(w * h);
