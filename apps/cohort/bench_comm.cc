@@ -125,6 +125,7 @@ Run add_bench_comm(CLI::App& app) {
     int iters = 20, warmup = 5, root = 0;
     bool check = false;
     bool blocking = false;
+    bool shared = false;
     std::string json, algo = "auto";
   };
   auto o = std::make_shared<Opts>();
@@ -143,7 +144,10 @@ Run add_bench_comm(CLI::App& app) {
   app.add_option("--warmup", o->warmup, "Untimed iterations per size")
       ->check(CLI::Range(0, 1000000));
   app.add_option("--root", o->root, "Root rank of broadcast, reduce, gather, scatter");
-  app.add_option("--algo", o->algo, "auto, ring, rd, rabenseifner, hier, tree");
+  app.add_option("--algo", o->algo, "auto, ring, rd, rabenseifner, hier, tree, shared");
+  app.add_flag("--shared", o->shared,
+               "Buffers from alloc_shared, which the ranks of a host read from each other (as "
+               "NCCL's registered buffers); default: ordinary memory");
   app.add_flag("--check", o->check, "Verify every result");
   app.add_flag("--blocking", o->blocking,
                "Wait for each call before issuing the next (as MPI latency benchmarks do); "
@@ -188,10 +192,18 @@ Run add_bench_comm(CLI::App& app) {
       size_t count = size / es;
       if (by_total) count = count / static_cast<size_t>(n);
       const size_t big = by_total ? count * static_cast<size_t>(n) : count;  // largest buffer
-      std::vector<uint8_t> sendb(std::max<size_t>(big * es, 1) + 64),
-          recvb(std::max<size_t>(big * es, 1) + 64);
-      void* sb = sendb.data();
-      void* rb = recvb.data();
+      const size_t buffer_bytes = std::max<size_t>(big * es, 1) + 64;
+      std::vector<uint8_t> sendb, recvb;
+      comm::SharedBuffer shared_send, shared_recv;
+      if (o->shared) {
+        shared_send = c->alloc_shared(buffer_bytes);
+        shared_recv = c->alloc_shared(buffer_bytes);
+      } else {
+        sendb.resize(buffer_bytes);
+        recvb.resize(buffer_bytes);
+      }
+      void* sb = o->shared ? shared_send.data() : sendb.data();
+      void* rb = o->shared ? shared_recv.data() : recvb.data();
       size_t send_count =
           (kind == "reduce_scatter" || kind == "alltoall" || kind == "scatter") ? big : count;
       for (size_t i = 0; i < send_count; ++i) put(t, sb, i, value(op, me, i));
@@ -285,6 +297,7 @@ Run add_bench_comm(CLI::App& app) {
                               {"backend", c->describe()},
                               {"transport", env::Settings::read().transport},
                               {"algo", o->algo},
+                              {"shared", o->shared},
                               {"rows", rows}};
         std::ofstream f(o->json);
         if (!f) COHORT_THROW("cannot write --json file '" << o->json << "'");

@@ -12,13 +12,13 @@ namespace {
 // What each collective can run, in the order the cost model lists them.
 struct Offer {
   Collective coll;
-  Algo algos[4];
+  Algo algos[5];
   int n;
 };
 constexpr Offer kOffers[] = {
     {Collective::allreduce,
-     {Algo::ring, Algo::recursive_doubling, Algo::rabenseifner, Algo::hierarchical},
-     4},
+     {Algo::ring, Algo::recursive_doubling, Algo::rabenseifner, Algo::hierarchical, Algo::shared},
+     5},
     {Collective::reduce_scatter, {Algo::ring}, 1},
     {Collective::allgather, {Algo::ring, Algo::recursive_doubling}, 2},
     {Collective::broadcast, {Algo::tree, Algo::ring}, 2},
@@ -45,7 +45,14 @@ std::string offered(Collective c) {
 }
 
 // Empty when algorithm a can run collective c on this group; else what it needs.
-std::string cannot_run(Collective c, Algo a, const Topology& t) {
+std::string cannot_run(Collective c, Algo a, const Topology& t, bool shared_memory) {
+  if (a == Algo::shared && (t.num_hosts != 1 || t.net_everywhere || !shared_memory)) {
+    return "it needs one host's ranks over shared memory, and memory from alloc_shared; this "
+           "group has " +
+           std::to_string(t.num_hosts) + " host(s)" +
+           (t.net_everywhere ? ", linked by the network" : "") +
+           (shared_memory ? "" : ", and no shared memory was allocated");
+  }
   if (a == Algo::hierarchical && (t.num_hosts < 2 || !t.uniform_hosts())) {
     std::string per_host;
     for (int h = 0; h < t.num_hosts; ++h) {
@@ -70,14 +77,14 @@ bool has_algorithm(Collective c, Algo a) {
   return false;
 }
 
-AlgoChoice choose_algorithm(Collective c, size_t bytes, Algo forced, Algo policy,
-                            const Topology& t) {
+AlgoChoice choose_algorithm(Collective c, size_t bytes, Algo forced, Algo policy, const Topology& t,
+                            bool shared_memory) {
   if (forced != Algo::automatic) {
     if (!has_algorithm(c, forced)) {
       COHORT_THROW(collective_name(c) << " has no algorithm '" << algo_name(forced)
                                       << "' (it has: " << offered(c) << ")");
     }
-    const std::string why = cannot_run(c, forced, t);
+    const std::string why = cannot_run(c, forced, t, shared_memory);
     if (!why.empty()) {
       COHORT_THROW(collective_name(c)
                    << " cannot run the forced algorithm '" << algo_name(forced) << "': " << why);
@@ -85,7 +92,7 @@ AlgoChoice choose_algorithm(Collective c, size_t bytes, Algo forced, Algo policy
     return {forced, "forced by the call"};
   }
   if (policy != Algo::automatic && has_algorithm(c, policy)) {
-    const std::string why = cannot_run(c, policy, t);
+    const std::string why = cannot_run(c, policy, t, shared_memory);
     if (!why.empty()) {
       COHORT_THROW(collective_name(c)
                    << " cannot run COHORT_ALGO=" << algo_name(policy) << ": " << why);
@@ -94,6 +101,10 @@ AlgoChoice choose_algorithm(Collective c, size_t bytes, Algo forced, Algo policy
   }
   const Offer& o = offer(c);
   if (o.n == 1) return {o.algos[0], "the only algorithm"};
+  if (c == Collective::allreduce && t.world > 1 && bytes >= kSharedMinBytes &&
+      cannot_run(c, Algo::shared, t, shared_memory).empty()) {
+    return {Algo::shared, "shared memory allocated (ring where a rank's buffers lie outside it)"};
+  }
   // The cost model offers only what can run on this group's shape.
   return {choose(c, t, bytes), "cost model"};
 }

@@ -20,8 +20,14 @@ struct AlgoChoice {
 // `forced`: the call's own option (CollOptions::algo); `policy`: COHORT_ALGO, which forces its
 // algorithm on the collectives that have it and leaves the others to the cost model. Throws
 // Error naming the collective, the algorithm and what it needs, when a forced one cannot run.
-AlgoChoice choose_algorithm(Collective c, size_t bytes, Algo forced, Algo policy,
-                            const Topology& t);
+// `shared_memory`: the communicator has allocated shared memory (alloc_shared), which every
+// rank knows alike, and reaches its host's peers through it.
+AlgoChoice choose_algorithm(Collective c, size_t bytes, Algo forced, Algo policy, const Topology& t,
+                            bool shared_memory = false);
+
+// From this size on, an allreduce on a one-host group that has shared memory runs `shared`: it
+// begins by telling the peers where its buffers lie, a few microseconds that a large call repays.
+inline constexpr size_t kSharedMinBytes = 256u << 10;
 
 // Whether collective c has algorithm a at all.
 bool has_algorithm(Collective c, Algo a);

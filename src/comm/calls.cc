@@ -23,7 +23,8 @@ AlgoChoice NativeComm::choose(Coll kind, size_t bytes, Algo forced) {
                        static_cast<uint64_t>(bytes);
   auto it = choices_.find(key);
   if (it != choices_.end()) return it->second;
-  const AlgoChoice a = choose_algorithm(kind, bytes, forced, settings_.algo, engine_->topology());
+  const AlgoChoice a = choose_algorithm(kind, bytes, forced, settings_.algo, engine_->topology(),
+                                        engine_->shared().ever());
   if (choices_.size() > 4096) choices_.clear();
   choices_.emplace(key, a);
   return a;

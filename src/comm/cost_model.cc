@@ -51,19 +51,21 @@ const char* algo_name(Algo a) {
       return "tree";
     case Algo::direct:
       return "direct";
+    case Algo::shared:
+      return "shared";
   }
   return "invalid";
 }
 
 Algo parse_algo(const std::string& s) {
   for (Algo a : {Algo::automatic, Algo::ring, Algo::recursive_doubling, Algo::rabenseifner,
-                 Algo::hierarchical, Algo::tree, Algo::direct}) {
+                 Algo::hierarchical, Algo::tree, Algo::direct, Algo::shared}) {
     if (s == algo_name(a)) return a;
   }
   if (s == "recursive_doubling") return Algo::recursive_doubling;
   if (s == "hierarchical") return Algo::hierarchical;
-  COHORT_THROW("unknown algorithm '" << s
-                                     << "' (auto, ring, rd, rabenseifner, hier, tree, direct)");
+  COHORT_THROW("unknown algorithm '"
+               << s << "' (auto, ring, rd, rabenseifner, hier, tree, direct, shared)");
 }
 
 Topology Topology::uniform(int hosts, int ranks_per_host) {

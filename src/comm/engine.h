@@ -20,6 +20,7 @@
 #include "cohort/core/clock.h"
 #include "links.h"
 #include "settings.h"
+#include "shared_memory.h"
 
 namespace cohort::comm::detail {
 
@@ -63,6 +64,9 @@ class Engine {
   const Group& natural() const { return natural_; }  // by rank
   const Group& local() const { return local_; }      // this host's ranks
   const Group& cross() const { return cross_; }      // this local index, one rank per host
+  // This host's memory from alloc_shared, for the algorithms that read it where it lies.
+  SharedRegions& shared() { return shared_; }
+  const SharedRegions& shared() const { return shared_; }
   // Scratch memory reused across calls; slot selects independent buffers.
   void* scratch(size_t bytes, int slot);
 
@@ -114,6 +118,7 @@ class Engine {
   Settings settings_;
   Group natural_, world_, local_, cross_;
   std::vector<std::vector<uint8_t>> scratch_;
+  SharedRegions shared_;
   std::function<void(const std::vector<int>&)> wait_observer_;
   std::function<std::string(const std::vector<int>&)> silence_check_;
   std::vector<int> waiting_on_;  // what the observer was told last

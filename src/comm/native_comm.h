@@ -44,8 +44,9 @@ class WorkState {
   std::atomic<int> ready{0};
   std::weak_ptr<detail::NativeComm> owner;  // whose queue wait() may help to drain
   std::exception_ptr error;                 // written before `ready`
-  const char* algo = "";                    // the algorithm chosen at issue (a static name)
-  const char* reason = "";                  // why (a static text)
+  // The algorithm chosen at issue, and why (static texts); once finished, the one that ran.
+  std::atomic<const char*> algo{""};
+  std::atomic<const char*> reason{""};
 };
 
 namespace detail {
@@ -91,6 +92,7 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   Work recv(void* data, size_t count, DataType t, int peer) override;
   Work barrier() override;
   std::shared_ptr<Communicator> split(int color, int key) override;
+  SharedBuffer alloc_shared(size_t bytes) override;
   void abort(const std::string& reason) override;
 
   void keep_alive(std::unique_ptr<StoreServer> server);
@@ -132,6 +134,7 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   std::vector<uint32_t> send_seq_;  // point-to-point counters per peer (caller thread)
   std::vector<uint32_t> recv_seq_;
   uint32_t split_seq_ = 0;
+  uint64_t shared_seq_ = 0;                           // alloc_shared calls (caller thread)
   std::unordered_map<uint64_t, AlgoChoice> choices_;  // caller thread
   bool probed_ = false;                               // the engine's link figures were measured
 

@@ -54,7 +54,11 @@ bool NativeComm::run_next() {
   } else {
     try {
       flight_->started(q.flight_id);
-      run(*engine_, c);
+      const Algo ran = run(*engine_, c);
+      if (ran != c.algo) {
+        q.work->algo = algo_name(ran);
+        q.work->reason = "a rank's buffers lie outside shared memory";
+      }
       flight_->ended(q.flight_id, true);
     } catch (const CommError& e) {
       std::string msg =

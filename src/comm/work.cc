@@ -24,11 +24,11 @@ bool Work::test() {
 }
 
 std::string Work::algorithm() const {
-  return s_ ? s_->algo : "";
+  return s_ ? s_->algo.load() : "";
 }
 
 std::string Work::reason() const {
-  return s_ ? s_->reason : "";
+  return s_ ? s_->reason.load() : "";
 }
 
 Work make_done_work(const char* algo, const char* reason) {

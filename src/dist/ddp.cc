@@ -47,6 +47,14 @@ Ddp::Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o)
   }
   for (size_t i = tail_end; i-- > 0;) range_of(cur, i);
   if (!cur.params.empty()) buckets_.push_back(cur);
+  // On one host, the gradients live in memory every rank maps (alloc_shared): the buckets'
+  // allreduce then reads and writes the peers' gradients where they lie instead of copying
+  // them through rings (docs/comm.md). Collective, as constructing Ddp is.
+  if (comm_->size() > 1 && comm_->num_hosts() == 1 && o_.compression == Compression::none) {
+    grads_ = comm_->alloc_shared(m_.flat_grads().bytes());
+    m_.place_grads(grads_.data());
+    target_ = nn::whole_model(m_);  // the optimizer reads the gradients where they now lie
+  }
   if (o_.compression != Compression::none) {
     const bool bf = o_.compression == Compression::bf16;
     wire_ = bf ? comm::DataType::bf16 : comm::DataType::f16;

@@ -465,6 +465,13 @@ void Model::align_units(size_t align) {
   }
 }
 
+void Model::place_grads(void* storage) {
+  Tensor placed = Tensor::wrap(storage, grads_.shape(), grads_.dtype());
+  placed.copy_(grads_);
+  grads_ = placed;
+  for (Param* p : params_) p->grad = Tensor::view_of(grads_, p->offset * sizeof(float), p->shape);
+}
+
 void Model::reset_parameters(uint64_t seed) {
   std::vector<std::pair<std::string, Module*>> mods;
   root_->modules("", &mods);

@@ -450,10 +450,9 @@ TEST(Comm, ForcedAlgorithmsRunAsAskedOrFailSayingWhy) {
         CollOptions tree;
         tree.algo = Algo::tree;
         e = error_of([&] { c->allreduce(v.data(), v.data(), 1, DataType::f32, RedOp::sum, tree); });
-        REQUIRE(
-            e.find("allreduce has no algorithm 'tree' (it has: ring, rd, rabenseifner, hier)") !=
-                std::string::npos,
-            e);
+        REQUIRE(e.find("allreduce has no algorithm 'tree' (it has: ring, rd, rabenseifner, hier, "
+                       "shared)") != std::string::npos,
+                e);
         CollOptions hier;
         hier.algo = Algo::hierarchical;
         e = error_of([&] { c->allreduce(v.data(), v.data(), 1, DataType::f32, RedOp::sum, hier); });
@@ -469,6 +468,100 @@ TEST(Comm, ForcedAlgorithmsRunAsAskedOrFailSayingWhy) {
         REQUIRE(v[0] == 9.0f, v[0]);
       },
       o));
+}
+
+// Allreduce on memory from alloc_shared: every rank count of one host, types and operations,
+// sizes that do not divide by the ranks, in place and out of place, at an offset into the
+// allocation; each call runs `shared` (the Work says so) and gives the reference's values.
+// Where one rank's buffer is ordinary memory, every rank runs the ring and says so; a forced
+// `shared` without shared memory fails at issue; sizes that differ between ranks fail the
+// allocation naming both.
+TEST(Comm, SharedMemoryAllreduceReadsThePeersBuffersWhereTheyLie) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(std::to_string(n) + " ranks");
+    RunOptions o;
+    o.env["COHORT_TIMEOUT"] = "60";
+    expect_all_ok(run_ranks(
+        n,
+        [](int) {
+          auto c = init();
+          const int n = c->size(), me = c->rank();
+          struct Case {
+            DataType t;
+            RedOp op;
+            size_t count;
+            bool in_place;
+          };
+          for (const Case& k : {Case{DataType::f32, RedOp::sum, (1u << 18) + 7, false},
+                                Case{DataType::f32, RedOp::sum, (1u << 20) + 3, true},
+                                Case{DataType::bf16, RedOp::avg, (1u << 18) + 1, false},
+                                Case{DataType::i32, RedOp::max, 100003, true},
+                                Case{DataType::f64, RedOp::min, 50001, false}}) {
+            const size_t bytes = k.count * dtype_size(k.t);
+            SharedBuffer in = c->alloc_shared(bytes + 8), out = c->alloc_shared(bytes + 8);
+            REQUIRE(in.size() == bytes + 8 && in.data() != nullptr, in.size());
+            uint8_t* src = in.as<uint8_t>() + 8;  // at an offset into the allocation
+            uint8_t* dst = k.in_place ? src : out.as<uint8_t>();
+            for (size_t i = 0; i < k.count; ++i) store(k.t, src, i, input(k.t, k.op, me, i));
+            Work w = c->allreduce(src, dst, k.count, k.t, k.op);
+            REQUIRE(w.algorithm() == "shared", "chose " << w.algorithm() << " (" << w.reason()
+                                                        << ") for " << bytes << " bytes");
+            w.wait();
+            REQUIRE(w.algorithm() == "shared", "ran " << w.algorithm() << ": " << w.reason());
+            for (size_t i = 0; i < k.count; ++i) {
+              REQUIRE(near(k.t, load(k.t, dst, i), reference(k.t, k.op, n, i)),
+                      dtype_name(k.t) << " " << redop_name(k.op) << " count " << k.count
+                                      << " element " << i << ": got " << load(k.t, dst, i)
+                                      << " want " << reference(k.t, k.op, n, i));
+            }
+          }
+          // Rank 1's output is ordinary memory: every rank runs the ring.
+          const size_t count = 1u << 18;
+          SharedBuffer in = c->alloc_shared(count * 4), out = c->alloc_shared(count * 4);
+          std::vector<float> plain(count);
+          float* dst = me == 1 ? plain.data() : out.as<float>();
+          for (size_t i = 0; i < count; ++i) in.as<float>()[i] = static_cast<float>(me + i % 5);
+          Work w = c->allreduce(in.data(), dst, count, DataType::f32, RedOp::sum);
+          w.wait();
+          REQUIRE(w.algorithm() == "ring" &&
+                      w.reason() == std::string("a rank's buffers lie outside shared memory"),
+                  w.algorithm() << " (" << w.reason() << ")");
+          for (size_t i = 0; i < count; i += 997) {
+            const float want = static_cast<float>(n * (n - 1) / 2 + n * static_cast<int>(i % 5));
+            REQUIRE(dst[i] == want, "element " << i << ": " << dst[i] << " want " << want);
+          }
+          // Small calls keep the cost model's choice.
+          w = c->allreduce(in.data(), in.data(), 1000, DataType::f32, RedOp::sum);
+          REQUIRE(w.algorithm() != "shared", w.algorithm());
+          w.wait();
+          bool refused = false;
+          try {
+            c->alloc_shared(me == 0 ? 4096 : 8192);
+          } catch (const cohort::Error& e) {
+            refused = std::string(e.what()).find("asks for") != std::string::npos;
+            REQUIRE(refused, e.what());
+          }
+          REQUIRE(refused, "allocations of different sizes were accepted");
+        },
+        o));
+  }
+  expect_all_ok(run_ranks(2, [](int) {
+    auto c = init();
+    std::vector<float> v(1u << 18, 1.0f);
+    CollOptions shared;
+    shared.algo = Algo::shared;
+    try {
+      c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum, shared);
+      REQUIRE(false, "a forced shared allreduce ran without shared memory");
+    } catch (const cohort::Error& e) {
+      REQUIRE(std::string(e.what()).find("no shared memory was allocated") != std::string::npos,
+              e.what());
+    }
+    Work w = c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum);
+    REQUIRE(w.algorithm() != "shared", w.algorithm());
+    w.wait();
+    REQUIRE(v[5] == 2.0f, v[5]);
+  }));
 }
 
 TEST(Comm, ManyCallsInFlight) {

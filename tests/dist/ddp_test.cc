@@ -77,10 +77,10 @@ void equivalence(int world, int accum, DdpOptions o, double tol) {
         auto m = nn::make_model("smallcnn", nn::ModelOptions{1, 3, 16, 4});
         nn::OptimOptions oo;
         oo.momentum = 0.9f;
-        auto opt = nn::make_optimizer(*m, oo);
         // Rank 1 starts from other weights: the broadcast must make them rank 0's.
         if (rank == 1) m->reset_parameters(77);
         Ddp ddp(*m, c, o);
+        auto opt = nn::make_optimizer(ddp.optim_target(), oo);  // where Ddp put the gradients
         ddp.broadcast_from_rank0();
         sync_batch_norm(*m, c);
         train(*m, *opt, &ddp, 3, accum, rank * per_rank, per_rank);
@@ -169,8 +169,8 @@ TEST(Ddp, FirstBucketGoesOutBeforeBackwardEnds) {
   auto rs = run_ranks(2, [](int rank) {
     auto c = comm::init();
     auto m = nn::make_model("resnet18", nn::ModelOptions{3, 10, 64, 1});
-    auto opt = nn::make_optimizer(*m, nn::OptimOptions{});
     Ddp ddp(*m, c, DdpOptions{});
+    auto opt = nn::make_optimizer(ddp.optim_target(), nn::OptimOptions{});
     ddp.broadcast_from_rank0();
     tensor::Tensor x = tensor::Tensor::empty({4, 3, 64, 64});
     nn::init::normal(x, 0, 1, 5 + static_cast<uint64_t>(rank));
@@ -183,6 +183,15 @@ TEST(Ddp, FirstBucketGoesOutBeforeBackwardEnds) {
     for (size_t i = 1; i < ddp.buckets().size(); ++i)
       REQUIRE(ddp.buckets()[i].launched_at >= ddp.buckets()[i - 1].launched_at,
               "bucket " << i << " launched before bucket " << i - 1);
+    // On one host the gradients lie in shared memory: the large buckets read them there.
+    int shared = 0;
+    for (const Bucket& b : ddp.buckets()) {
+      if ((b.end - b.begin) * sizeof(float) < (256u << 10)) continue;
+      REQUIRE(b.work.algorithm() == "shared",
+              "a bucket of " << (b.end - b.begin) * 4 << " bytes ran " << b.work.algorithm());
+      ++shared;
+    }
+    REQUIRE(shared > 0, "no bucket of 256 KiB or more");
   });
   testing::expect_all_ok(rs);
 }

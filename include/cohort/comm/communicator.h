@@ -15,7 +15,17 @@
 namespace cohort::comm {
 
 // Algorithms a collective may run; `automatic` lets the cost model pick per call.
-enum class Algo { automatic, ring, recursive_doubling, rabenseifner, hierarchical, tree, direct };
+// `shared`: the ranks of one host read each other's buffers where they lie (SharedBuffer).
+enum class Algo {
+  automatic,
+  ring,
+  recursive_doubling,
+  rabenseifner,
+  hierarchical,
+  tree,
+  direct,
+  shared
+};
 const char* algo_name(Algo a);
 Algo parse_algo(const std::string& s);
 
@@ -48,12 +58,35 @@ class Work {
   explicit Work(std::shared_ptr<WorkState> s) : s_(std::move(s)) {}
   // Blocks until the collective finished; rethrows its error (CommError, TimeoutError, ...).
   void wait();
-  bool test();                    // true once finished (successfully or not)
-  std::string algorithm() const;  // the algorithm chosen for this call at issue
-  std::string reason() const;     // why: "cost model", "forced by the call", "COHORT_ALGO", ...
+  bool test();  // true once finished (successfully or not)
+  // The algorithm chosen for this call at issue; once finished, the one that ran (a `shared`
+  // allreduce runs the ring where a rank's buffers lie outside shared memory).
+  std::string algorithm() const;
+  std::string reason() const;  // why: "cost model", "forced by the call", "COHORT_ALGO", ...
 
  private:
   std::shared_ptr<WorkState> s_;
+};
+
+// Memory that the ranks of one host can read from each other (Communicator::alloc_shared).
+// Copies share the memory; it is released when the last copy goes, and must outlive the calls
+// that use it.
+class SharedBuffer {
+ public:
+  SharedBuffer() = default;
+  SharedBuffer(void* data, size_t bytes, std::shared_ptr<const void> owner)
+      : data_(data), bytes_(bytes), owner_(std::move(owner)) {}
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }  // bytes
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  std::shared_ptr<const void> owner_;
 };
 
 class Communicator {
@@ -98,6 +131,13 @@ class Communicator {
   virtual Work send(const void* data, size_t count, DataType t, int peer) = 0;
   virtual Work recv(void* data, size_t count, DataType t, int peer) = 0;
   virtual Work barrier() = 0;
+
+  // `bytes` of memory that this host's ranks map from each other, zeroed. An allreduce whose
+  // buffers lie in such memory on every rank of a one-host group reads the peers' data where it
+  // lies: one copy per byte, where a ring through shared memory makes three (docs/comm.md).
+  // Collective over the communicator, with the same `bytes` on every rank. Backends without
+  // shared memory (mpi) return ordinary memory.
+  virtual SharedBuffer alloc_shared(size_t bytes);
 
   // Ranks with the same color form a new communicator, ordered by (key, rank); color < 0 gets
   // nullptr. Collective over this communicator.

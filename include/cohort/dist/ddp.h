@@ -30,6 +30,9 @@ struct Bucket {
 
 class Ddp : public DataParallel {
  public:
+  // Collective. On one host it moves the model's gradients into memory the ranks read from
+  // each other (Communicator::alloc_shared), as the sharded modes re-lay them: an optimizer
+  // takes optim_target() after this, as FSDP's must be made after wrapping.
   Ddp(nn::Model& m, std::shared_ptr<comm::Communicator> c, DdpOptions o = {});
 
   Shard mode() const override { return Shard::none; }
@@ -81,7 +84,8 @@ class Ddp : public DataParallel {
   int64_t prepared_at_us_ = 0;
   double backward_end_s_ = 0;
   nn::OptimTarget target_;
-  bool synced_ = false;  // the last step's gradients were reduced
+  bool synced_ = false;       // the last step's gradients were reduced
+  comm::SharedBuffer grads_;  // the model's flat gradients, where the host's ranks read them
 };
 
 }  // namespace cohort::dist

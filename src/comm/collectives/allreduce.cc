@@ -148,27 +148,134 @@ void pipelined_hierarchical_allreduce(Engine& e, const Call& c, const uint8_t* i
   }
 }
 
-void allreduce(Engine& e, const Call& c) {
+namespace {
+
+// The ring allreduce. Large buffers go round the ring in slices, so that what the allgather
+// sends was reduced moments ago and is still in cache instead of being read back from memory.
+void ring_allreduce(Engine& e, const Call& c, const uint8_t* in, uint8_t* out, size_t count) {
+  const Group& g = e.world();
+  const size_t slice_bytes = e.settings().ring_slice;
+  const size_t per = std::max<size_t>(1, slice_bytes / c.esize()) * g.size();
+  for (size_t off = 0; off < count || off == 0; off += per) {
+    const size_t n = std::min(per, count - off);
+    const size_t b = off * c.esize();
+    ring_reduce_scatter(e, c, g, in + b, out + b, n);
+    ring_allgather(e, c, g, out + b, n, (g.me + 1) % g.size());
+    if (count == 0) break;
+  }
+}
+
+// Where a rank's buffers of a `shared` call lie: the allocation (alloc_shared) and the offset
+// in it; kNotShared where ordinary memory holds them.
+struct SharedPlace {
+  static constexpr uint64_t kNotShared = ~uint64_t{0};
+  uint64_t send_region = kNotShared, send_offset = 0;
+  uint64_t recv_region = kNotShared, recv_offset = 0;
+};
+
+// A short message to every other rank of the group, and one from each: what orders the phases
+// of the shared allreduce (each rank sends only once its part is done).
+void tell_everyone(Engine& e, const Call& c, const Group& g, const void* mine, void* theirs,
+                   size_t bytes) {
+  std::vector<SendOp> sends;
+  std::vector<RecvOp> recvs;
+  for (int i = 0; i < g.size(); ++i) {
+    if (i == g.me) continue;
+    sends.push_back({g.at(i), mine, bytes});
+    recvs.push_back(
+        {g.at(i), static_cast<uint8_t*>(theirs) + static_cast<size_t>(i) * bytes, bytes});
+  }
+  e.exchange(c, sends, recvs);
+}
+
+// The allreduce that works on the peers' buffers where they lie, on one host whose ranks map
+// each other's memory (alloc_shared). Rank i reduces block i of every rank's input, a piece at
+// a time, and writes each piece, still in cache, into every rank's output. Each input is read
+// once and each output written once, where the ring through shared memory copies every byte
+// into a ring and out of it twice. Two short exchanges order it: the places (every input is
+// ready) and "done" (every output is written, and no rank returns while a peer still reads
+// its input). Where any rank's buffers lie outside shared memory, every rank sees so in the
+// places and all run the ring instead.
+// 64 MiB f32 on 2 ranks: 13.2-13.9 GB/s, the ring 7.2-7.7; 1 MiB: 22-29 against 8-10. Reducing
+// into one's own output and then copying the other blocks out of the peers' outputs read every
+// result twice from memory: 9.2-10.4 GB/s at 64 MiB.
+constexpr size_t kSharedPieceBytes = 32u << 10;
+
+Algo shared_allreduce(Engine& e, const Call& c, const uint8_t* in, uint8_t* out, size_t count) {
+  const Group& g = e.natural();
+  const int n = g.size(), me = g.me;
+  const size_t es = c.esize(), bytes = count * es;
+  SharedPlace mine;
+  std::shared_ptr<const SharedRegion> sr, rr;
+  size_t off = 0;
+  if ((sr = e.shared().find(e.rank(), in, bytes, &off))) {
+    mine.send_region = sr->id;
+    mine.send_offset = off;
+  }
+  if ((rr = e.shared().find(e.rank(), out, bytes, &off))) {
+    mine.recv_region = rr->id;
+    mine.recv_offset = off;
+  }
+  std::vector<SharedPlace> place(static_cast<size_t>(n));
+  tell_everyone(e, c, g, &mine, place.data(), sizeof(SharedPlace));
+  place[static_cast<size_t>(me)] = mine;
+  bool all_shared = true;
+  for (const SharedPlace& p : place) {
+    all_shared = all_shared && p.send_region != SharedPlace::kNotShared &&
+                 p.recv_region != SharedPlace::kNotShared && p.send_region == mine.send_region &&
+                 p.recv_region == mine.recv_region;
+  }
+  if (!all_shared) {
+    ring_allreduce(e, c, in, out, count);
+    return Algo::ring;
+  }
+  // Every rank's buffers lie in the same two allocations, which this rank holds (its own
+  // buffers lie in them), with every peer's part mapped.
+  auto input = [&](int i) {
+    return i == me
+               ? in
+               : sr->at[static_cast<size_t>(g.at(i))] + place[static_cast<size_t>(i)].send_offset;
+  };
+  auto output = [&](int i) {
+    return rr->at[static_cast<size_t>(g.at(i))] + place[static_cast<size_t>(i)].recv_offset;
+  };
+  // In place, a rank's output is its input: each piece is read from every input before it is
+  // written to any output (this rank's own input first, as its output takes the first result),
+  // and only this rank touches this block.
+  const size_t lo = block_offset(count, n, me) * es, len = block_count(count, n, me) * es;
+  const size_t piece = std::max<size_t>(es, kSharedPieceBytes / es * es);
+  for (size_t o = lo; o < lo + len; o += piece) {
+    const size_t k = std::min(piece, lo + len - o) / es;
+    const int other = me == 0 ? 1 : 0;
+    c.reduce_into(out + o, input(me) + o, input(other) + o, k);
+    for (int i = 0; i < n; ++i) {
+      if (i != me && i != other) c.reduce_into(out + o, out + o, input(i) + o, k);
+    }
+    for (int i = 0; i < n; ++i) {
+      if (i != me) std::memcpy(output(i) + o, out + o, k * es);
+    }
+  }
+  std::vector<uint8_t> token(static_cast<size_t>(n));
+  const uint8_t done = 1;
+  tell_everyone(e, c, g, &done, token.data(), 1);
+  return Algo::shared;
+}
+
+}  // namespace
+
+Algo allreduce(Engine& e, const Call& c) {
   auto* in = static_cast<const uint8_t*>(c.send);
   auto* out = static_cast<uint8_t*>(c.recv);
   const size_t count = c.count();
   const size_t bytes = count * c.esize();
+  Algo ran = c.algo;
   switch (c.algo) {
-    case Algo::ring: {
-      // Large buffers go round the ring in slices, so that what the allgather sends was
-      // reduced moments ago and is still in cache instead of being read back from memory.
-      const Group& g = e.world();
-      const size_t slice_bytes = e.settings().ring_slice;
-      const size_t per = std::max<size_t>(1, slice_bytes / c.esize()) * g.size();
-      for (size_t off = 0; off < count || off == 0; off += per) {
-        const size_t n = std::min(per, count - off);
-        const size_t b = off * c.esize();
-        ring_reduce_scatter(e, c, g, in + b, out + b, n);
-        ring_allgather(e, c, g, out + b, n, (g.me + 1) % g.size());
-        if (count == 0) break;
-      }
+    case Algo::ring:
+      ring_allreduce(e, c, in, out, count);
       break;
-    }
+    case Algo::shared:
+      ran = shared_allreduce(e, c, in, out, count);
+      break;
     case Algo::hierarchical:
       if (bytes >= kHierPipelineMinBytes) {
         pipelined_hierarchical_allreduce(e, c, in, out, count);
@@ -207,6 +314,7 @@ void allreduce(Engine& e, const Call& c) {
       COHORT_THROW("allreduce cannot run '" << algo_name(c.algo) << "'");
   }
   if (c.desc.op == RedOp::avg) divide(out, count, c.desc.dtype, e.size());
+  return ran;
 }
 
 }  // namespace cohort::comm::detail

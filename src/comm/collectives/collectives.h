@@ -10,10 +10,12 @@
 
 namespace cohort::comm::detail {
 
-// Runs call `c`: the one switch from a call's kind to its collective.
-void run(Engine& e, const Call& c);
+// Runs call `c`: the one switch from a call's kind to its collective. Returns the algorithm
+// that ran: the call's, except a `shared` allreduce that found a rank's buffers outside shared
+// memory and ran the ring.
+Algo run(Engine& e, const Call& c);
 
-void allreduce(Engine& e, const Call& c);
+Algo allreduce(Engine& e, const Call& c);
 void reduce_scatter(Engine& e, const Call& c);
 void allgather(Engine& e, const Call& c);
 void broadcast(Engine& e, const Call& c);

@@ -3,35 +3,45 @@
 
 namespace cohort::comm::detail {
 
-void run(Engine& e, const Call& c) {
+Algo run(Engine& e, const Call& c) {
   switch (c.desc.coll) {
     case Coll::allreduce:
       return allreduce(e, c);
     case Coll::reduce_scatter:
-      return reduce_scatter(e, c);
+      reduce_scatter(e, c);
+      break;
     case Coll::allgather:
-      return allgather(e, c);
+      allgather(e, c);
+      break;
     case Coll::broadcast:
-      return broadcast(e, c);
+      broadcast(e, c);
+      break;
     case Coll::reduce:
-      return reduce(e, c);
+      reduce(e, c);
+      break;
     case Coll::alltoall:
-      return alltoall(e, c);
+      alltoall(e, c);
+      break;
     case Coll::gather:
-      return gather(e, c);
+      gather(e, c);
+      break;
     case Coll::scatter:
-      return scatter(e, c);
+      scatter(e, c);
+      break;
     case Coll::barrier:
-      return barrier(e, c);
+      barrier(e, c);
+      break;
     case Coll::sendrecv:
       if (c.is_send) {
         const SendOp op{c.peer, c.send, c.count() * c.esize()};
-        return e.exchange_n(c, &op, 1, nullptr, 0);
+        e.exchange_n(c, &op, 1, nullptr, 0);
       } else {
         const RecvOp op{c.peer, c.recv, c.count() * c.esize()};
-        return e.exchange_n(c, nullptr, 0, &op, 1);
+        e.exchange_n(c, nullptr, 0, &op, 1);
       }
+      break;
   }
+  return c.algo;
 }
 
 }  // namespace cohort::comm::detail
