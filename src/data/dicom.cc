@@ -917,6 +917,16 @@ void check_pixel_module(const gdcm::DataSet& ds, const std::string& name) {
     refuse("Samples per Pixel (0028,0002) is " + std::to_string(*spp) +
            "; grayscale (1) or colour (3) DICOM only");
   }
+  // Nor those that say 4 samples by their Photometric Interpretation, whatever Samples per
+  // Pixel says: GDCM takes the 4 from it, and its RLE decoder asserts while the reader reads
+  // (fuzz_image: CMYK with 3 samples).
+  std::string photometric = element_string(ds, gdcm::Tag(0x0028, 0x0004));
+  while (!photometric.empty() && (photometric.back() == ' ' || photometric.back() == '\0'))
+    photometric.pop_back();
+  if (photometric == "CMYK" || photometric == "ARGB") {
+    refuse("Photometric Interpretation (0028,0004) is " + photometric +
+           ", 4 samples per pixel; grayscale or colour (RGB, YBR) DICOM only");
+  }
   // Bits Stored above Bits Allocated, or High Bit past Bits Stored (after GDCM's reading of
   // 0xffff, 0x0fff and 0x00ff as 16, 12 and 8).
   auto bits = [&](uint16_t e) -> std::optional<int> {
