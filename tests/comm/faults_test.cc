@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -42,25 +43,40 @@ TEST(Harness, ReportsSharedMemoryLeftBehind) {
   EXPECT_NE(::access(("/dev/shm/" + left).c_str(), F_OK), 0) << left << " was not removed";
 }
 
+// Over shared memory, over TCP, and with the buffers in alloc_shared memory (the `shared`
+// allreduce, whose peers read and write the dead rank's mapped buffers).
 TEST(Faults, KilledRankIsNamedBySurvivorsWithinTenSeconds) {
-  for (const char* transport : {"auto", "tcp"}) {
+  for (const std::string transport : {"auto", "tcp", "shared"}) {
     RunOptions o;
-    o.env["COHORT_TRANSPORT"] = transport;
+    o.env["COHORT_TRANSPORT"] = transport == "tcp" ? "tcp" : "auto";
     o.timeout_s = 60;
     auto rs = run_ranks(
         3,
-        [](int rank) {
+        [transport](int rank) {
           auto c = init();
-          std::vector<float> v(4u << 20, 1.0f);
+          const size_t n = 4u << 20;
+          std::vector<float> plain;
+          SharedBuffer shared;
+          float* v = nullptr;
+          if (transport == "shared") {
+            shared = c->alloc_shared(n * sizeof(float));
+            v = shared.as<float>();
+          } else {
+            plain.resize(n);
+            v = plain.data();
+          }
+          std::fill(v, v + n, 1.0f);
           for (int i = 0;; ++i) {
             if (rank == 2 && i == 3) {
               // Die in the middle of an allreduce: start it, then get killed.
-              auto w = c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum);
+              auto w = c->allreduce(v, v, n, DataType::f32, RedOp::sum);
+              REQUIRE(w.algorithm() == (transport == "shared" ? "shared" : w.algorithm()),
+                      w.algorithm());
               ::usleep(2000);
               ::kill(::getpid(), SIGKILL);
             }
             try {
-              c->allreduce(v.data(), v.data(), v.size(), DataType::f32, RedOp::sum).wait();
+              c->allreduce(v, v, n, DataType::f32, RedOp::sum).wait();
             } catch (const cohort::CommError& e) {
               std::string m = e.what();
               REQUIRE(m.find("rank 2") != std::string::npos, "error does not name rank 2: " << m);
