@@ -90,7 +90,14 @@ class StructureWalk {
     size_t at = b_.size() >= 132 && std::memcmp(b_.data() + 128, "DICM", 4) == 0 ? 132 : 0;
     std::string syntax;
     if (at + 4 <= b_.size() && u16(at) == 0x0002) {
+      const size_t meta_at = at;
       at = meta(at, &syntax);
+      // GDCM then reads the data set element by element as explicit or implicit, little
+      // endian, which no walk here can follow (fuzz_image: it asserted on an element this walk
+      // read as big endian). pydicom refuses such a file too (its meta_missing_tsyntax.dcm).
+      if (syntax.empty()) {
+        bad(meta_at, "file meta information without a Transfer Syntax UID (0002,0010)");
+      }
     } else if (at == 132) {
       // A preamble with no meta group after it: GDCM then guesses the encoding (fuzz_image: it
       // chose big endian and allocated a 2.3 GB element), which this walk cannot follow.
