@@ -1,5 +1,6 @@
 // allreduce: ring (bandwidth), recursive doubling (latency), Rabenseifner's halving-doubling
-// (both), and hierarchical (inside hosts over shared memory, across hosts over the network).
+// (both), hierarchical (inside hosts over shared memory, across hosts over the network), and
+// shared (one host's ranks working on each other's buffers where they lie).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -198,9 +199,9 @@ void tell_everyone(Engine& e, const Call& c, const Group& g, const void* mine, v
 // places and all run the ring instead.
 // 64 MiB f32 on 2 ranks: 13.2-13.9 GB/s, the ring 7.2-7.7; 1 MiB: 22-29 against 8-10. Reducing
 // into one's own output and then copying the other blocks out of the peers' outputs read every
-// result twice from memory: 9.2-10.4 GB/s at 64 MiB.
-constexpr size_t kSharedPieceBytes = 32u << 10;
-
+// result twice from memory: 9.2-10.4 GB/s at 64 MiB. Non-temporal stores into the peers'
+// outputs gained nothing at 64-256 MiB and lost at 256 KiB-4 MiB; pieces of 16-128 KiB ran
+// alike.
 Algo shared_allreduce(Engine& e, const Call& c, const uint8_t* in, uint8_t* out, size_t count) {
   const Group& g = e.natural();
   const int n = g.size(), me = g.me;
@@ -239,11 +240,12 @@ Algo shared_allreduce(Engine& e, const Call& c, const uint8_t* in, uint8_t* out,
   auto output = [&](int i) {
     return rr->at[static_cast<size_t>(g.at(i))] + place[static_cast<size_t>(i)].recv_offset;
   };
+  constexpr size_t kPieceBytes = 32u << 10;
   // In place, a rank's output is its input: each piece is read from every input before it is
   // written to any output (this rank's own input first, as its output takes the first result),
   // and only this rank touches this block.
   const size_t lo = block_offset(count, n, me) * es, len = block_count(count, n, me) * es;
-  const size_t piece = std::max<size_t>(es, kSharedPieceBytes / es * es);
+  const size_t piece = std::max<size_t>(es, kPieceBytes / es * es);
   for (size_t o = lo; o < lo + len; o += piece) {
     const size_t k = std::min(piece, lo + len - o) / es;
     const int other = me == 0 ? 1 : 0;
