@@ -84,8 +84,13 @@ uint8_t* map_segment(const std::string& name, int flags, size_t bytes, const std
                                      << " (is /dev/shm large enough?)");
     }
   }
-  // MAP_POPULATE: the first collective would otherwise pay a page fault per 4 KiB, dear in a VM.
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // This rank's own memory is populated: the first collective would otherwise pay a page fault
+  // per 4 KiB, dear in a VM. A peer's is not: the kernel counts every page a process has mapped
+  // in its resident size, and a rank touches only its block of each peer's buffers, about one
+  // buffer in all, where populating them would count every peer's whole buffer again in each
+  // rank's (and in --max-memory's check).
+  const int populate = (flags & O_CREAT) ? MAP_POPULATE : 0;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | populate, fd, 0);
   const int e = errno;
   ::close(fd);
   if (p == MAP_FAILED) {
