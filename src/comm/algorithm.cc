@@ -19,8 +19,8 @@ constexpr Offer kOffers[] = {
     {Collective::allreduce,
      {Algo::ring, Algo::recursive_doubling, Algo::rabenseifner, Algo::hierarchical, Algo::shared},
      5},
-    {Collective::reduce_scatter, {Algo::ring}, 1},
-    {Collective::allgather, {Algo::ring, Algo::recursive_doubling}, 2},
+    {Collective::reduce_scatter, {Algo::ring, Algo::shared}, 2},
+    {Collective::allgather, {Algo::ring, Algo::recursive_doubling, Algo::shared}, 3},
     {Collective::broadcast, {Algo::tree, Algo::ring}, 2},
     {Collective::reduce, {Algo::tree, Algo::ring}, 2},
     {Collective::alltoall, {Algo::direct}, 1},
@@ -101,7 +101,7 @@ AlgoChoice choose_algorithm(Collective c, size_t bytes, Algo forced, Algo policy
   }
   const Offer& o = offer(c);
   if (o.n == 1) return {o.algos[0], "the only algorithm"};
-  if (c == Collective::allreduce && t.world > 1 && bytes >= kSharedMinBytes &&
+  if (has_algorithm(c, Algo::shared) && t.world > 1 && bytes >= kSharedMinBytes &&
       cannot_run(c, Algo::shared, t, shared_memory).empty()) {
     return {Algo::shared, "shared memory allocated (ring where a rank's buffers lie outside it)"};
   }

@@ -25,8 +25,10 @@ struct AlgoChoice {
 AlgoChoice choose_algorithm(Collective c, size_t bytes, Algo forced, Algo policy, const Topology& t,
                             bool shared_memory = false);
 
-// From this size on, an allreduce on a one-host group that has shared memory runs `shared`: it
-// begins by telling the peers where its buffers lie, a few microseconds that a large call repays.
+// From this size on, an allreduce, reduce_scatter or allgather on a one-host group that has
+// shared memory runs `shared`: it begins by telling the peers where its buffers lie, a few
+// microseconds that a large call repays. (The size is the cost model's: reduce_scatter's block,
+// allgather's whole result.)
 inline constexpr size_t kSharedMinBytes = 256u << 10;
 
 // Whether collective c has algorithm a at all.

@@ -83,6 +83,17 @@ Sharded::Sharded(nn::Model& m, std::shared_ptr<comm::Communicator> world, const 
   broadcast_parameters(m_, *world_);
   dist::broadcast_buffers(m_, *world_);
   m_.align_units(static_cast<size_t>(n_) * kChunkGrain);
+  // zero1 on one host keeps the flat values and gradients in memory the ranks map from each
+  // other: its reduce-scatters and allgathers then read the peers' units where they lie
+  // (`shared`, docs/comm.md). Not zero2/3: they hand gradient pages back to the kernel, which
+  // shared memory does not take.
+  if (o_.shard == Shard::zero1 && n_ > 1 && shard_->num_hosts() == 1 &&
+      o_.compression == Compression::none) {
+    shared_values_ = shard_->alloc_shared(m_.flat_values().bytes());
+    shared_grads_ = shard_->alloc_shared(m_.flat_grads().bytes());
+    m_.place_values(shared_values_.data());
+    m_.place_grads(shared_grads_.data());
+  }
   tensor::Allocator::cpu().trim();  // the buffers of the old layout, back to the system
 
   const auto& params = m_.params();
@@ -193,6 +204,7 @@ std::string Sharded::describe() const {
        << (o_.reshard_after_forward ? ", freed after forward" : ", kept from forward to backward");
   }
   os << "; gradients reduced in " << compression_name(o_.compression);
+  if (shared_grads_.data()) os << "; values and gradients in the host's shared memory";
   return os.str();
 }
 

@@ -113,6 +113,8 @@ class Sharded : public DataParallel, private nn::Residency {
   std::vector<UnitState> units_;
   std::vector<int> unit_of_;  // param index -> unit
   nn::Tensor shard_values_, shard_grads_;
+  // zero1 on one host: the model's flat values and gradients, where the host's ranks read them.
+  comm::SharedBuffer shared_values_, shared_grads_;
   nn::OptimTarget target_;
 
   // The step.

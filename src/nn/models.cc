@@ -472,6 +472,13 @@ void Model::place_grads(void* storage) {
   for (Param* p : params_) p->grad = Tensor::view_of(grads_, p->offset * sizeof(float), p->shape);
 }
 
+void Model::place_values(void* storage) {
+  Tensor placed = Tensor::wrap(storage, values_.shape(), values_.dtype());
+  placed.copy_(values_);
+  values_ = placed;
+  for (Param* p : params_) p->value = Tensor::view_of(values_, p->offset * sizeof(float), p->shape);
+}
+
 void Model::reset_parameters(uint64_t seed) {
   std::vector<std::pair<std::string, Module*>> mods;
   root_->modules("", &mods);

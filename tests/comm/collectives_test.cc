@@ -515,6 +515,45 @@ TEST(Comm, SharedMemoryAllreduceReadsThePeersBuffersWhereTheyLie) {
                                       << " want " << reference(k.t, k.op, n, i));
             }
           }
+          // reduce_scatter and allgather read only the peers' inputs there: the outputs may be
+          // ordinary memory, or (in place) the rank's own block of the input.
+          for (bool in_place : {false, true}) {
+            const size_t count = (1u << 16) + 5;  // per block; the input holds n blocks
+            const size_t all = count * static_cast<size_t>(n);
+            SharedBuffer send = c->alloc_shared(all * 4);
+            std::vector<float> plain(count);
+            float* in = send.as<float>();
+            for (size_t i = 0; i < all; ++i)
+              in[i] = static_cast<float>(input(DataType::f32, RedOp::sum, me, i));
+            float* out = in_place ? in + static_cast<size_t>(me) * count : plain.data();
+            Work w = c->reduce_scatter(in, out, count, DataType::f32, RedOp::sum);
+            w.wait();
+            REQUIRE(w.algorithm() == "shared",
+                    "reduce_scatter ran " << w.algorithm() << " (" << w.reason() << ")");
+            for (size_t i = 0; i < count; ++i) {
+              const double want =
+                  reference(DataType::f32, RedOp::sum, n, static_cast<size_t>(me) * count + i);
+              REQUIRE(out[i] == want,
+                      "reduce_scatter element " << i << ": " << out[i] << " want " << want);
+            }
+            SharedBuffer gathered = c->alloc_shared(all * 4);
+            std::vector<float> plain_all(all);
+            float* result = in_place ? gathered.as<float>() : plain_all.data();
+            float* mine = in_place ? result + static_cast<size_t>(me) * count : send.as<float>();
+            for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(me * 1000 + i % 997);
+            w = c->allgather(mine, result, count, DataType::f32);
+            w.wait();
+            REQUIRE(w.algorithm() == "shared",
+                    "allgather ran " << w.algorithm() << " (" << w.reason() << ")");
+            for (int r = 0; r < n; ++r) {
+              for (size_t i = 0; i < count; ++i) {
+                const float want = static_cast<float>(r * 1000 + i % 997);
+                REQUIRE(result[static_cast<size_t>(r) * count + i] == want,
+                        "allgather block " << r << " element " << i << ": "
+                                           << result[static_cast<size_t>(r) * count + i]);
+              }
+            }
+          }
           // Rank 1's output is ordinary memory: every rank runs the ring.
           const size_t count = 1u << 18;
           SharedBuffer in = c->alloc_shared(count * 4), out = c->alloc_shared(count * 4);

@@ -127,6 +127,14 @@ void equals_ddp(const Case& k) {
           o.reshard_after_forward = k.reshard;
           o.accumulate_locally = k.accumulate_locally;
           auto dp = make_data_parallel(*m, c, o);
+          // On one host, DDP and zero1 (uncompressed) keep the flat buffers in shared memory,
+          // where their collectives read the peers' (the `shared` algorithms).
+          const bool one_host = k.ranks_per_host == 0 || k.ranks_per_host >= k.world;
+          const bool shared = k.world > 1 && one_host && k.reduce == Compression::none &&
+                              (shard == Shard::none || shard == Shard::zero1);
+          REQUIRE(
+              (dp->describe().find("in the host's shared memory") != std::string::npos) == shared,
+              dp->describe());
           if (k.sync_bn) sync_batch_norm(*m, c);
           auto opt = nn::make_optimizer(dp->optim_target(), oo);
           train(*m, *opt, *dp, k, rank * per_rank, per_rank);

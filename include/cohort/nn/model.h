@@ -64,10 +64,11 @@ class Model {
   // elements (zero padding between), keeping the values: ZeRO splits each unit into equal
   // chunks, one per rank. New buffers (gradients zero); the Params' views follow.
   void align_units(size_t align);
-  // Moves the flat gradients into `storage` (the caller's, at least flat_grads().bytes(), kept
-  // alive while the model uses it), keeping their values; the Params' views follow. DDP places
-  // them in memory that the ranks of a host read from each other.
+  // Moves the flat gradients (values) into `storage` (the caller's, at least flat_grads().bytes(),
+  // kept alive while the model uses it), keeping them; the Params' views follow. DDP and ZeRO-1
+  // place them in memory that the ranks of a host read from each other.
   void place_grads(void* storage);
+  void place_values(void* storage);
   Module& root() { return *root_; }
 
   // Re-runs torchvision's initialisation from a seed.

@@ -166,29 +166,6 @@ void ring_allreduce(Engine& e, const Call& c, const uint8_t* in, uint8_t* out, s
   }
 }
 
-// Where a rank's buffers of a `shared` call lie: the allocation (alloc_shared) and the offset
-// in it; kNotShared where ordinary memory holds them.
-struct SharedPlace {
-  static constexpr uint64_t kNotShared = ~uint64_t{0};
-  uint64_t send_region = kNotShared, send_offset = 0;
-  uint64_t recv_region = kNotShared, recv_offset = 0;
-};
-
-// A short message to every other rank of the group, and one from each: what orders the phases
-// of the shared allreduce (each rank sends only once its part is done).
-void tell_everyone(Engine& e, const Call& c, const Group& g, const void* mine, void* theirs,
-                   size_t bytes) {
-  std::vector<SendOp> sends;
-  std::vector<RecvOp> recvs;
-  for (int i = 0; i < g.size(); ++i) {
-    if (i == g.me) continue;
-    sends.push_back({g.at(i), mine, bytes});
-    recvs.push_back(
-        {g.at(i), static_cast<uint8_t*>(theirs) + static_cast<size_t>(i) * bytes, bytes});
-  }
-  e.exchange(c, sends, recvs);
-}
-
 // The allreduce that works on the peers' buffers where they lie, on one host whose ranks map
 // each other's memory (alloc_shared). Rank i reduces block i of every rank's input, a piece at
 // a time, and writes each piece, still in cache, into every rank's output. Each input is read
@@ -200,52 +177,23 @@ void tell_everyone(Engine& e, const Call& c, const Group& g, const void* mine, v
 // 64 MiB f32 on 2 ranks: 13.2-13.9 GB/s, the ring 7.2-7.7; 1 MiB: 22-29 against 8-10. Reducing
 // into one's own output and then copying the other blocks out of the peers' outputs read every
 // result twice from memory: 9.2-10.4 GB/s at 64 MiB. Non-temporal stores into the peers'
-// outputs gained nothing at 64-256 MiB and lost at 256 KiB-4 MiB; pieces of 16-128 KiB ran
-// alike.
+// outputs gained nothing at 64-256 MiB and lost at 256 KiB-4 MiB.
 Algo shared_allreduce(Engine& e, const Call& c, const uint8_t* in, uint8_t* out, size_t count) {
   const Group& g = e.natural();
   const int n = g.size(), me = g.me;
   const size_t es = c.esize(), bytes = count * es;
-  SharedPlace mine;
-  std::shared_ptr<const SharedRegion> sr, rr;
-  size_t off = 0;
-  if ((sr = e.shared().find(e.rank(), in, bytes, &off))) {
-    mine.send_region = sr->id;
-    mine.send_offset = off;
-  }
-  if ((rr = e.shared().find(e.rank(), out, bytes, &off))) {
-    mine.recv_region = rr->id;
-    mine.recv_offset = off;
-  }
-  std::vector<SharedPlace> place(static_cast<size_t>(n));
-  tell_everyone(e, c, g, &mine, place.data(), sizeof(SharedPlace));
-  place[static_cast<size_t>(me)] = mine;
-  bool all_shared = true;
-  for (const SharedPlace& p : place) {
-    all_shared = all_shared && p.send_region != SharedPlace::kNotShared &&
-                 p.recv_region != SharedPlace::kNotShared && p.send_region == mine.send_region &&
-                 p.recv_region == mine.recv_region;
-  }
-  if (!all_shared) {
+  SharedView v;
+  if (!shared_view(e, c, g, in, bytes, out, bytes, &v)) {
     ring_allreduce(e, c, in, out, count);
     return Algo::ring;
   }
-  // Every rank's buffers lie in the same two allocations, which this rank holds (its own
-  // buffers lie in them), with every peer's part mapped.
-  auto input = [&](int i) {
-    return i == me
-               ? in
-               : sr->at[static_cast<size_t>(g.at(i))] + place[static_cast<size_t>(i)].send_offset;
-  };
-  auto output = [&](int i) {
-    return rr->at[static_cast<size_t>(g.at(i))] + place[static_cast<size_t>(i)].recv_offset;
-  };
-  constexpr size_t kPieceBytes = 32u << 10;
+  auto input = [&](int i) { return v.send[static_cast<size_t>(i)]; };
+  auto output = [&](int i) { return v.recv[static_cast<size_t>(i)]; };
   // In place, a rank's output is its input: each piece is read from every input before it is
   // written to any output (this rank's own input first, as its output takes the first result),
   // and only this rank touches this block.
   const size_t lo = block_offset(count, n, me) * es, len = block_count(count, n, me) * es;
-  const size_t piece = std::max<size_t>(es, kPieceBytes / es * es);
+  const size_t piece = std::max<size_t>(es, kSharedPieceBytes / es * es);
   for (size_t o = lo; o < lo + len; o += piece) {
     const size_t k = std::min(piece, lo + len - o) / es;
     const int other = me == 0 ? 1 : 0;
@@ -257,9 +205,7 @@ Algo shared_allreduce(Engine& e, const Call& c, const uint8_t* in, uint8_t* out,
       if (i != me) std::memcpy(output(i) + o, out + o, k * es);
     }
   }
-  std::vector<uint8_t> token(static_cast<size_t>(n));
-  const uint8_t done = 1;
-  tell_everyone(e, c, g, &done, token.data(), 1);
+  shared_done(e, c, g);
   return Algo::shared;
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "../call.h"
 #include "../engine.h"
@@ -11,13 +13,13 @@
 namespace cohort::comm::detail {
 
 // Runs call `c`: the one switch from a call's kind to its collective. Returns the algorithm
-// that ran: the call's, except a `shared` allreduce that found a rank's buffers outside shared
-// memory and ran the ring.
+// that ran: the call's, except a `shared` one that found a rank's buffers outside shared memory
+// and ran the ring.
 Algo run(Engine& e, const Call& c);
 
 Algo allreduce(Engine& e, const Call& c);
-void reduce_scatter(Engine& e, const Call& c);
-void allgather(Engine& e, const Call& c);
+Algo reduce_scatter(Engine& e, const Call& c);
+Algo allgather(Engine& e, const Call& c);
 void broadcast(Engine& e, const Call& c);
 void reduce(Engine& e, const Call& c);
 void alltoall(Engine& e, const Call& c);
@@ -50,5 +52,24 @@ void tree_broadcast(Engine& e, const Call& c, const Group& g, uint8_t* buf, size
                     int root_index);
 void tree_reduce(Engine& e, const Call& c, const Group& g, const uint8_t* in, uint8_t* out,
                  size_t count, int root_index);
+
+// The `shared` algorithms' handshake (shared.cc): every rank of g tells the others where its
+// send buffer (of send_bytes) and, when recv_bytes > 0, its receive buffer lie in alloc_shared
+// memory. True when every rank's lie in the same allocations: then send[i] and recv[i] are group
+// rank i's buffers as mapped here. False, on every rank alike, when any lies outside: the
+// caller then runs its ring.
+struct SharedView {
+  std::vector<const uint8_t*> send;
+  std::vector<uint8_t*> recv;
+  std::shared_ptr<const SharedRegion> send_region, recv_region;  // held for the call
+};
+bool shared_view(Engine& e, const Call& c, const Group& g, const void* send, size_t send_bytes,
+                 void* recv, size_t recv_bytes, SharedView* v);
+// The closing exchange: returns once every rank of g is done with the others' buffers, so that
+// none returns (and lets its caller change them) while a peer still reads or writes them.
+void shared_done(Engine& e, const Call& c, const Group& g);
+// Bytes a `shared` algorithm handles at a time: a piece stays in cache between its reads and
+// its writes. (Pieces of 16-128 KiB ran alike.)
+inline constexpr size_t kSharedPieceBytes = 32u << 10;
 
 }  // namespace cohort::comm::detail

@@ -8,11 +8,9 @@ Algo run(Engine& e, const Call& c) {
     case Coll::allreduce:
       return allreduce(e, c);
     case Coll::reduce_scatter:
-      reduce_scatter(e, c);
-      break;
+      return reduce_scatter(e, c);
     case Coll::allgather:
-      allgather(e, c);
-      break;
+      return allgather(e, c);
     case Coll::broadcast:
       broadcast(e, c);
       break;
