@@ -1,7 +1,7 @@
 // Communicator::alloc_shared: each rank's memory in a shared-memory segment that every rank of
 // its host maps, named through the store and unlinked once all have mapped it (nothing is left
-// in /dev/shm after, even if a rank dies later). The algorithm that reads it: collectives/
-// allreduce.cc (shared_allreduce).
+// in /dev/shm after, even if a rank dies later). The algorithms that work on it: `shared`
+// allreduce, reduce_scatter and allgather (collectives/, their handshake in shared.cc).
 #include "shared_memory.h"
 
 #include <fcntl.h>
@@ -26,7 +26,7 @@ SharedBuffer Communicator::alloc_shared(size_t bytes) {
   void* p = std::aligned_alloc(64, n);
   if (p == nullptr) COHORT_THROW("alloc_shared: cannot allocate " << bytes << " bytes");
   std::memset(p, 0, n);
-  return SharedBuffer(p, bytes, std::shared_ptr<const void>(p, std::free));
+  return SharedBuffer(p, bytes, std::shared_ptr<const void>(p, std::free), false);
 }
 
 namespace detail {
@@ -147,7 +147,7 @@ SharedBuffer NativeComm::alloc_shared(size_t bytes) {
   ::shm_unlink(name.c_str());
   engine_->shared().add(region);
   choices_.clear();  // large allreduces may now run `shared`
-  return SharedBuffer(region->at[static_cast<size_t>(rank_)], bytes, region);
+  return SharedBuffer(region->at[static_cast<size_t>(rank_)], bytes, region, true);
 }
 
 }  // namespace detail

@@ -84,7 +84,7 @@ std::string Ddp::describe() const {
   os << "DDP over " << comm_->describe() << "; " << buckets_.size() << " buckets (first "
      << o_.first_bucket_mb << " MiB, then " << o_.bucket_mb << " MiB), reduced in "
      << compression_name(o_.compression);
-  if (grads_.data()) os << "; gradients in the host's shared memory";
+  if (grads_.shared()) os << "; gradients in the host's shared memory";
   return os.str();
 }
 

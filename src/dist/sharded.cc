@@ -204,7 +204,7 @@ std::string Sharded::describe() const {
        << (o_.reshard_after_forward ? ", freed after forward" : ", kept from forward to backward");
   }
   os << "; gradients reduced in " << compression_name(o_.compression);
-  if (shared_grads_.data()) os << "; values and gradients in the host's shared memory";
+  if (shared_grads_.shared()) os << "; values and gradients in the host's shared memory";
   return os.str();
 }
 

@@ -499,7 +499,7 @@ TEST(Comm, SharedMemoryAllreduceReadsThePeersBuffersWhereTheyLie) {
                                 Case{DataType::f64, RedOp::min, 50001, false}}) {
             const size_t bytes = k.count * dtype_size(k.t);
             SharedBuffer in = c->alloc_shared(bytes + 8), out = c->alloc_shared(bytes + 8);
-            REQUIRE(in.size() == bytes + 8 && in.data() != nullptr, in.size());
+            REQUIRE(in.size() == bytes + 8 && in.data() != nullptr && in.shared(), in.size());
             uint8_t* src = in.as<uint8_t>() + 8;  // at an offset into the allocation
             uint8_t* dst = k.in_place ? src : out.as<uint8_t>();
             for (size_t i = 0; i < k.count; ++i) store(k.t, src, i, input(k.t, k.op, me, i));

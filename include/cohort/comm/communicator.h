@@ -74,10 +74,13 @@ class Work {
 class SharedBuffer {
  public:
   SharedBuffer() = default;
-  SharedBuffer(void* data, size_t bytes, std::shared_ptr<const void> owner)
-      : data_(data), bytes_(bytes), owner_(std::move(owner)) {}
+  SharedBuffer(void* data, size_t bytes, std::shared_ptr<const void> owner, bool shared)
+      : data_(data), bytes_(bytes), owner_(std::move(owner)), shared_(shared) {}
   void* data() const { return data_; }
   size_t size() const { return bytes_; }  // bytes
+  // Whether the host's ranks map it (false: a backend without shared memory gave ordinary
+  // memory).
+  bool shared() const { return shared_; }
   template <typename T>
   T* as() const {
     return static_cast<T*>(data_);
@@ -87,6 +90,7 @@ class SharedBuffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   std::shared_ptr<const void> owner_;
+  bool shared_ = false;
 };
 
 class Communicator {
