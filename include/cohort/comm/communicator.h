@@ -60,7 +60,7 @@ class Work {
   void wait();
   bool test();  // true once finished (successfully or not)
   // The algorithm chosen for this call at issue; once finished, the one that ran (a `shared`
-  // allreduce runs the ring where a rank's buffers lie outside shared memory).
+  // collective runs the ring where a rank's buffers lie outside shared memory).
   std::string algorithm() const;
   std::string reason() const;  // why: "cost model", "forced by the call", "COHORT_ALGO", ...
 
@@ -138,7 +138,8 @@ class Communicator {
 
   // `bytes` of memory that this host's ranks map from each other, zeroed. An allreduce whose
   // buffers lie in such memory on every rank of a one-host group reads the peers' data where it
-  // lies: one copy per byte, where a ring through shared memory makes three (docs/comm.md).
+  // lies: one copy per byte, where a ring through shared memory makes three (docs/comm.md);
+  // reduce_scatter and allgather likewise, with their inputs there.
   // Collective over the communicator, with the same `bytes` on every rank. Backends without
   // shared memory (mpi) return ordinary memory.
   virtual SharedBuffer alloc_shared(size_t bytes);
