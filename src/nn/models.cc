@@ -465,18 +465,25 @@ void Model::align_units(size_t align) {
   }
 }
 
+namespace {
+
+// One flat buffer moved into `storage`, and every Param's view of it (`view`) following.
+void place_flat(Tensor& flat, void* storage, const std::vector<Param*>& params,
+                Tensor Param::*view) {
+  Tensor placed = Tensor::wrap(storage, flat.shape(), flat.dtype());
+  placed.copy_(flat);
+  flat = placed;
+  for (Param* p : params) p->*view = Tensor::view_of(flat, p->offset * sizeof(float), p->shape);
+}
+
+}  // namespace
+
 void Model::place_grads(void* storage) {
-  Tensor placed = Tensor::wrap(storage, grads_.shape(), grads_.dtype());
-  placed.copy_(grads_);
-  grads_ = placed;
-  for (Param* p : params_) p->grad = Tensor::view_of(grads_, p->offset * sizeof(float), p->shape);
+  place_flat(grads_, storage, params_, &Param::grad);
 }
 
 void Model::place_values(void* storage) {
-  Tensor placed = Tensor::wrap(storage, values_.shape(), values_.dtype());
-  placed.copy_(values_);
-  values_ = placed;
-  for (Param* p : params_) p->value = Tensor::view_of(values_, p->offset * sizeof(float), p->shape);
+  place_flat(values_, storage, params_, &Param::value);
 }
 
 void Model::reset_parameters(uint64_t seed) {

@@ -70,8 +70,7 @@ TEST(Faults, KilledRankIsNamedBySurvivorsWithinTenSeconds) {
             if (rank == 2 && i == 3) {
               // Die in the middle of an allreduce: start it, then get killed.
               auto w = c->allreduce(v, v, n, DataType::f32, RedOp::sum);
-              REQUIRE(w.algorithm() == (transport == "shared" ? "shared" : w.algorithm()),
-                      w.algorithm());
+              if (transport == "shared") REQUIRE(w.algorithm() == "shared", w.algorithm());
               ::usleep(2000);
               ::kill(::getpid(), SIGKILL);
             }
