@@ -283,6 +283,16 @@ Pipeline::Pipeline(nn::Model& m, std::shared_ptr<comm::Communicator> world,
                                                             << "; cuts go between 4-d blocks");
   }
 
+  // Sharded over the replicas, every unit of the model is laid out again on a multiple of
+  // D x 16 elements (as the sharded engine does), so that each unit splits into D equal chunks,
+  // each 64-byte aligned, with nothing past the stage's range.
+  COHORT_CHECK(o_.shard != Shard::hybrid,
+               "pipeline: --shard hybrid: a stage's replicas are sharded as one group (zero1, "
+               "zero2 or zero3); hybrid's split by host is not built for pipeline stages");
+  const bool sharded = o_.shard != Shard::none && replicas_ > 1;
+  const size_t align = sharded ? static_cast<size_t>(replicas_) * 16 : 1;
+  if (sharded) m_.align_units(align);
+
   // This stage's parameters: one range of the flat buffers, the rest returned to the kernel.
   const auto& params = m_.params();
   const int pfirst = pieces[static_cast<size_t>(first_piece_)].first;
@@ -292,39 +302,68 @@ Pipeline::Pipeline(nn::Model& m, std::shared_ptr<comm::Communicator> world,
                               nn::flat_slot(static_cast<size_t>(
                                   params[static_cast<size_t>(plast) - 1]->value.numel()))
                         : 0;
+  end_ = (end_ + align - 1) / align * align;  // the last unit's padding
   float* values = m_.flat_values().data<float>();
   float* grads = m_.flat_grads().data<float>();
   const size_t total = static_cast<size_t>(m_.flat_values().numel());
+  COHORT_CHECK(begin_ % align == 0 && end_ <= total,
+               "pipeline: stage " << stage_ << "'s parameters [" << begin_ << ", " << end_
+                                  << ") do not start on a unit of the " << total
+                                  << "-element layout aligned to " << align);
   tensor::drop_pages(values, begin_ * sizeof(float));
   tensor::drop_pages(values + end_, (total - end_) * sizeof(float));
   tensor::drop_pages(grads, total * sizeof(float));
-  // What the optimiser updates: the stage's range, or (sharded) this replica's chunk of it,
-  // and the parameters' pieces that lie there.
+  // What the optimiser updates: the stage's range, or (sharded) this replica's chunk of each
+  // of the stage's units, and the parameters' pieces that lie there.
   const size_t length = end_ - begin_;
-  const bool sharded = o_.shard_optimizer && replicas_ > 1;
-  size_t lo = 0, hi = length;
   if (sharded) {
-    chunk_ = ((length + static_cast<size_t>(replicas_) - 1) / static_cast<size_t>(replicas_) + 15) &
-             ~size_t{15};
-    lo_ = lo = std::min(length, static_cast<size_t>(replica_) * chunk_);
-    hi = std::min(length, lo + chunk_);
-    shard_grad_ = Tensor::zeros({static_cast<int64_t>(chunk_)});
-    if (begin_ + static_cast<size_t>(replicas_) * chunk_ > total) {
-      staging_ = Tensor::zeros({static_cast<int64_t>(replicas_ * chunk_)});
+    size_t at = begin_;
+    for (const nn::Unit& u : m_.units()) {
+      if (u.begin < begin_ || u.end > end_) continue;
+      COHORT_CHECK(u.begin == at, "pipeline: stage " << stage_ << "'s unit " << u.name
+                                                     << " starts at " << u.begin << ", not " << at);
+      units_.push_back({u.begin, u.end - u.begin, (u.end - u.begin) / replicas_, shard_elems_});
+      shard_elems_ += units_.back().chunk;
+      at = u.end;
     }
-    target_.ranges.push_back({values + begin_ + lo, shard_grad_.data<float>(), hi - lo});
+    COHORT_CHECK(at == end_, "pipeline: stage " << stage_ << "'s units end at " << at
+                                                << ", its parameters at " << end_);
+    shard_grad_ = Tensor::zeros({static_cast<int64_t>(shard_elems_)});
+    if (o_.shard == Shard::zero3) {
+      shard_values_ = Tensor::zeros({static_cast<int64_t>(shard_elems_)});
+    }
+    for (const ShardUnit& u : units_) {
+      const size_t lo = u.begin + static_cast<size_t>(replica_) * u.chunk;
+      float* w = o_.shard == Shard::zero3 ? shard_values_.data<float>() + u.at : values + lo;
+      target_.ranges.push_back({w, shard_grad_.data<float>() + u.at, u.chunk});
+    }
   } else {
     target_.ranges.push_back({values + begin_, grads + begin_, length});
   }
   for (int i = pfirst; i < plast; ++i) {
     const nn::Param* p = params[static_cast<size_t>(i)];
-    const size_t a = p->offset - begin_, b = a + static_cast<size_t>(p->value.numel());
-    if (std::max(a, lo) < std::min(b, hi)) {
-      target_.pieces.push_back(
-          {p->index, std::max(a, lo) - a, std::min(b, hi) - a, 0, std::max(a, lo) - lo, p->decay});
+    const size_t a = p->offset, b = a + static_cast<size_t>(p->value.numel());
+    if (!sharded) {
+      target_.pieces.push_back({p->index, 0, b - a, 0, a - begin_, p->decay});
+      continue;
+    }
+    for (size_t k = 0; k < units_.size(); ++k) {
+      const size_t lo = units_[k].begin + static_cast<size_t>(replica_) * units_[k].chunk;
+      const size_t hi = lo + units_[k].chunk;
+      if (std::max(a, lo) < std::min(b, hi)) {
+        target_.pieces.push_back({p->index, std::max(a, lo) - a, std::min(b, hi) - a, k,
+                                  std::max(a, lo) - lo, p->decay});
+      }
     }
   }
   target_.num_params = static_cast<int>(params.size());
+  // Where each of the stage's pieces ends in the flat buffers (the first forward of a zero3
+  // step waits for the gathers of the units before it).
+  for (int i = first_piece_; i < last_piece_; ++i) {
+    const auto& pc = pieces[static_cast<size_t>(i)];
+    const nn::Param* last = pc.first < pc.last ? params[static_cast<size_t>(pc.last) - 1] : nullptr;
+    piece_end_.push_back(last ? last->offset + static_cast<size_t>(last->value.numel()) : 0);
+  }
 
   // The communicators: this replica's stages, this stage's replicas, and the channels.
   pipe_ = world_->split(replica_, stage_);
@@ -391,6 +430,23 @@ Pipeline::Pipeline(nn::Model& m, std::shared_ptr<comm::Communicator> world,
           .wait();
     }
   }
+  if (sharded && o_.shard != Shard::zero1) {
+    // zero2 and zero3 give the stage's full-size gradients (zero3: parameters) back every step
+    // and fault them in again in the next.
+    tensor::prefer_huge_pages(grads + begin_, length * sizeof(float));
+    if (o_.shard == Shard::zero3)
+      tensor::prefer_huge_pages(values + begin_, length * sizeof(float));
+  }
+  if (sharded && o_.shard == Shard::zero3) {
+    // The stage's parameters as this replica's chunks; the full range goes back to the kernel
+    // until the first forward gathers it.
+    for (const ShardUnit& u : units_) {
+      const float* from = values + u.begin + static_cast<size_t>(replica_) * u.chunk;
+      std::copy(from, from + u.chunk, shard_values_.data<float>() + u.at);
+    }
+    tensor::drop_pages(values + begin_, length * sizeof(float));
+    gathered_ = false;
+  }
 }
 
 Pipeline::~Pipeline() = default;
@@ -426,8 +482,14 @@ std::string Pipeline::describe() const {
   std::ostringstream os;
   os << o_.stages << " stages x " << replicas_ << " replicas";
   if (replicas_ > 1) {
-    os << " (" << (chunk_ > 0 ? "ZeRO-1" : "allreduce") << " over a stage's replicas"
-       << (o_.sync_batch_norm ? ", SyncBatchNorm" : "") << ")";
+    const char* how = !sharded()                 ? "allreduce"
+                      : o_.shard == Shard::zero1 ? "ZeRO-1"
+                      : o_.shard == Shard::zero2
+                          ? "ZeRO-2: gradients reduce-scattered once per step, then freed"
+                          : "ZeRO-3: parameters gathered once per step, freed with the "
+                            "gradients after its last backward";
+    os << " (" << how << " over a stage's replicas" << (o_.sync_batch_norm ? ", SyncBatchNorm" : "")
+       << ")";
   }
   os << ", " << o_.micro_batches << " micro-batches, " << schedule_name(o_.schedule)
      << " (bubble by the formula " << std::lround(100 * bubble_formula(o_.stages, o_.micro_batches))
@@ -469,7 +531,16 @@ void Pipeline::run_forward(int i, const Tensor& x, const LossFn& loss) {
   const auto& pieces = m_.pieces();
   auto run = [&]() {
     Var h = mb.input;
-    for (int p = first_piece_; p < last_piece_; ++p) h = pieces[static_cast<size_t>(p)].forward(h);
+    for (int p = first_piece_; p < last_piece_; ++p) {
+      // zero3's first forward of the step: each piece waits for its own units' gathers only,
+      // so that the later units arrive while the first ones compute.
+      if (gathering_) {
+        const auto t_wait = Clock::now();
+        wait_gather(piece_end_[static_cast<size_t>(p - first_piece_)]);
+        t0 += Clock::now() - t_wait;  // not compute
+      }
+      h = pieces[static_cast<size_t>(p)].forward(h);
+    }
     return h;
   };
   if (o_.recompute) {
@@ -491,6 +562,7 @@ void Pipeline::run_forward(int i, const Tensor& x, const LossFn& loss) {
 
 void Pipeline::run_backward(int i, const LossFn& loss, float seed) {
   Micro& mb = *micro_[static_cast<size_t>(i)];
+  if (gathering_) wait_gather();  // (forward waited for every unit with parameters already)
   Tensor grad;
   if (!last()) {
     auto t0 = Clock::now();
@@ -526,23 +598,52 @@ void Pipeline::run_backward(int i, const LossFn& loss, float seed) {
   mb.loss.reset();
 }
 
-void Pipeline::after_step() {
-  if (chunk_ == 0) return;
-  // Every replica's updated chunk to every replica. In place, the last chunk's padding lands
-  // past the stage's range, on the next stage's part of the flat buffer: this rank never reads
-  // it (gather_model overwrites it).
+void Pipeline::start_gather() {
   float* v = m_.flat_values().data<float>();
-  float* recv = staging_.defined() ? staging_.data<float>() : v + begin_;
-  if (staging_.defined())
-    std::copy(v + begin_ + lo_, v + begin_ + lo_ + std::min(chunk_, end_ - begin_ - lo_),
-              staging_.data<float>() + lo_);
-  replicas_comm_->allgather(recv + lo_, recv, chunk_, comm::DataType::f32).wait();
-  if (staging_.defined()) std::copy(recv, recv + (end_ - begin_), v + begin_);
+  for (const ShardUnit& u : units_) {  // in forward order
+    gathers_.push_back(replicas_comm_->allgather(shard_values_.data<float>() + u.at, v + u.begin,
+                                                 u.chunk, comm::DataType::f32));
+  }
+  waited_ = 0;
+  gathering_ = true;
+}
+
+void Pipeline::wait_gather(size_t through) {
+  auto t0 = Clock::now();
+  while (waited_ < units_.size() && units_[waited_].begin < through) gathers_[waited_++].wait();
+  if (waited_ == units_.size()) {
+    gathers_.clear();
+    gathering_ = false;
+    gathered_ = true;
+  }
+  stats_.gather_s += seconds_since(t0);
+}
+
+void Pipeline::after_step() {
+  if (!sharded()) return;
+  if (o_.shard == Shard::zero3) {
+    // The flat values (gathered for evaluation, say) are older than the chunk now.
+    if (gathered_)
+      tensor::drop_pages(m_.flat_values().data<float>() + begin_, (end_ - begin_) * sizeof(float));
+    gathered_ = false;
+    return;
+  }
+  // Every replica's updated chunks to every replica, in place.
+  float* v = m_.flat_values().data<float>();
+  std::vector<comm::Work> works;
+  for (const ShardUnit& u : units_) {
+    float* unit = v + u.begin;
+    works.push_back(replicas_comm_->allgather(unit + static_cast<size_t>(replica_) * u.chunk, unit,
+                                              u.chunk, comm::DataType::f32));
+  }
+  for (comm::Work& w : works) w.wait();
 }
 
 void Pipeline::zero_grad() {
+  if (grads_zero_) return;
   float* g = m_.flat_grads().data<float>();
   std::fill(g + begin_, g + end_, 0.0f);
+  grads_zero_ = true;
 }
 
 float Pipeline::run(const Tensor& x, const LossFn& loss, float loss_scale) {
@@ -557,6 +658,8 @@ float Pipeline::run(const Tensor& x, const LossFn& loss, float loss_scale) {
   StepMemory mem;
   mem.begin();
   loss_sum_ = 0;
+  grads_zero_ = false;
+  if (!gathered_ && !gathering_) start_gather();
   const float seed = loss_scale / static_cast<float>(M * replicas_);
   if (act_in_) act_in_->start(M);
   if (grad_in_) grad_in_->start(M);
@@ -588,21 +691,31 @@ float Pipeline::run(const Tensor& x, const LossFn& loss, float loss_scale) {
 }
 
 double Pipeline::finish() {
+  if (gathering_) wait_gather();  // (a step without a run)
   if (o_.deferred_batch_norm) nn::commit_batch_norm_statistics(m_.root());
   // The replicas' average of this stage's gradients, in pieces of 25 MB; sharded, each
   // replica's chunk of their sum.
   float* g = m_.flat_grads().data<float>();
   auto t_red = Clock::now();
-  if (chunk_ > 0) {
-    const float* send = g + begin_;
-    if (staging_.defined()) {
-      std::copy(g + begin_, g + end_, staging_.data<float>());
-      send = staging_.data<float>();
+  if (sharded()) {
+    std::vector<comm::Work> works;
+    for (const ShardUnit& u : units_) {
+      works.push_back(replicas_comm_->reduce_scatter(g + u.begin, shard_grad_.data<float>() + u.at,
+                                                     u.chunk, comm::DataType::f32,
+                                                     comm::RedOp::sum));
     }
-    replicas_comm_
-        ->reduce_scatter(send, shard_grad_.data<float>(), chunk_, comm::DataType::f32,
-                         comm::RedOp::sum)
-        .wait();
+    for (comm::Work& w : works) w.wait();
+    if (o_.shard == Shard::zero2 || o_.shard == Shard::zero3) {
+      // Reduced: the full-size gradients (and zero3's parameters) back to the kernel, each
+      // replica keeping its chunk. Dropped pages read as zero, so zero_grad has nothing to do.
+      tensor::drop_pages(g + begin_, (end_ - begin_) * sizeof(float));
+      grads_zero_ = true;
+      if (o_.shard == Shard::zero3) {
+        tensor::drop_pages(m_.flat_values().data<float>() + begin_,
+                           (end_ - begin_) * sizeof(float));
+        gathered_ = false;
+      }
+    }
   } else if (replicas_ > 1) {
     const size_t chunk = 25u << 18;  // elements
     std::vector<comm::Work> works;
@@ -619,6 +732,10 @@ double Pipeline::finish() {
 }
 
 void Pipeline::gather_model() {
+  if (!gathered_) {
+    if (!gathering_) start_gather();
+    wait_gather();
+  }
   const auto& pieces = m_.pieces();
   const auto& params = m_.params();
   float* values = m_.flat_values().data<float>();
@@ -657,17 +774,22 @@ void Pipeline::gather_buffers() {
 
 MemoryReport Pipeline::memory(const nn::Optimizer& opt) const {
   MemoryReport r;
-  r.mode = chunk_ > 0 ? Shard::zero1 : Shard::none;
-  r.ranks = chunk_ > 0 ? replicas_ : 1;
+  r.mode = sharded() ? o_.shard : Shard::none;
+  r.ranks = sharded() ? replicas_ : 1;
   const auto& pieces = m_.pieces();
   for (int p = pieces[static_cast<size_t>(first_piece_)].first;
        p < pieces[static_cast<size_t>(last_piece_) - 1].last; ++p)
     r.psi += m_.params()[static_cast<size_t>(p)]->value.numel();
-  r.parameters = r.gradients = (end_ - begin_) * sizeof(float);
+  // zero2/3: the chunk between steps, the full range during the schedule.
+  const size_t full = (end_ - begin_) * sizeof(float), chunk = shard_elems_ * sizeof(float);
+  const bool zero23 = sharded() && o_.shard != Shard::zero1;
+  r.parameters = o_.shard == Shard::zero3 && sharded() ? chunk : full;
+  r.gradients = zero23 ? chunk : full;
+  if (zero23) r.gradients_in_flight = full;
+  if (o_.shard == Shard::zero3 && sharded()) r.gathered = full;
   add_optimizer_state(r, opt);
   r.activations = stats_.peak_step;
-  for (const Tensor* t : {&shard_grad_, &staging_})
-    if (t->defined()) r.comm_buffers += t->bytes();
+  if (sharded() && !zero23) r.comm_buffers += shard_grad_.bytes();
   for (const Channel* c : {act_in_.get(), grad_in_.get()})
     if (c) r.comm_buffers += (c->free.size() + c->posted.size()) * c->count() * sizeof(float);
   return r;
@@ -683,7 +805,8 @@ std::vector<StageStats> Pipeline::gather_stats() {
                               stats_.reduce_s,
                               static_cast<double>(stats_.peak_activations),
                               static_cast<double>(stats_.peak_in_flight),
-                              static_cast<double>(stats_.peak_step)};
+                              static_cast<double>(stats_.peak_step),
+                              stats_.gather_s};
   std::vector<double> all(mine.size() * static_cast<size_t>(W));
   world_->allgather(mine.data(), all.data(), mine.size(), comm::DataType::f64).wait();
   std::vector<StageStats> out(static_cast<size_t>(W));
@@ -699,6 +822,7 @@ std::vector<StageStats> Pipeline::gather_stats() {
     s.peak_activations = static_cast<size_t>(v[6]);
     s.peak_in_flight = static_cast<int>(v[7]);
     s.peak_step = static_cast<size_t>(v[8]);
+    s.gather_s = v[9];
   }
   return out;
 }

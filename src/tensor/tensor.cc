@@ -431,6 +431,14 @@ void drop_pages(void* p, size_t bytes) {
                "madvise(DONTNEED) of " << (pe - pb) << " bytes: " << std::strerror(errno));
 }
 
+void prefer_huge_pages(void* p, size_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
+  // A kernel without transparent huge pages refuses (EINVAL): 4 KiB pages then, as before.
+  if (b < e) (void)::madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
+}
+
 double sum_squares(const Tensor& t) {
   COHORT_CHECK(t.is_dense() && t.dtype() == DType::f32, "sum_squares needs dense f32");
   const float* p = t.data<float>();

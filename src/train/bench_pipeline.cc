@@ -23,11 +23,6 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
   COHORT_CHECK(
       o.batch % po.micro_batches == 0,
       "--batch " << o.batch << " is not a multiple of --micro-batches " << po.micro_batches);
-  COHORT_CHECK(o.ddp.shard == dist::Shard::none || o.ddp.shard == dist::Shard::zero1,
-               "--pipeline-stages with --shard "
-                   << dist::shard_name(o.ddp.shard)
-                   << ": a stage's replicas run DDP (--shard none) or ZeRO-1 (--shard zero1); "
-                      "sharding their gradients or parameters is not built yet");
   comm::JobEnv job = comm::detect_job_env();
   default_threads(o.threads, job);
   std::shared_ptr<comm::Communicator> world = comm::init();
@@ -37,7 +32,7 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
       nn::make_model(o.model, nn::ModelOptions{o.in_channels, o.num_classes, o.image_size, 0});
   const int micro = o.batch / po.micro_batches;
   dist::PipelineOptions piped = po;
-  piped.shard_optimizer = o.ddp.shard == dist::Shard::zero1;
+  piped.shard = o.ddp.shard;
   dist::Pipeline pipe(*model, world, piped, {micro, o.in_channels, o.image_size, o.image_size});
   nn::OptimOptions oo;
   oo.kind = o.optimizer;
@@ -101,17 +96,17 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
 
   const double formula = dist::bubble_formula(pipe.stages(), po.micro_batches);
   double bubble = 0;
-  std::printf("%-6s %-7s %9s %9s %9s %9s %9s %7s %10s %8s\n", "rank", "stage", "step ms", "compute",
-              "idle", "send", "allreduce", "bubble", "act. MB", "in flight");
+  std::printf("%-6s %-7s %9s %9s %9s %9s %9s %9s %7s %10s %8s\n", "rank", "stage", "step ms",
+              "compute", "idle", "send", "reduce", "gather", "bubble", "act. MB", "in flight");
   nlohmann::json per = nlohmann::json::array();
   for (size_t k = 0; k < stats.size(); ++k) {
     const dist::StageStats& s = stats[k];
     const double n = std::max(1, s.steps);
     bubble += s.bubble() / static_cast<double>(stats.size());
-    std::printf("%-6zu %-7d %9.1f %9.1f %9.1f %9.1f %9.1f %6.1f%% %10.1f %8d\n", k,
+    std::printf("%-6zu %-7d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %6.1f%% %10.1f %8d\n", k,
                 static_cast<int>(k) % pipe.stages(), 1e3 * s.step_s / n, 1e3 * s.compute_s / n,
-                1e3 * s.idle_s / n, 1e3 * s.send_s / n, 1e3 * s.reduce_s / n, 100 * s.bubble(),
-                s.peak_activations / 1e6, s.peak_in_flight);
+                1e3 * s.idle_s / n, 1e3 * s.send_s / n, 1e3 * s.reduce_s / n, 1e3 * s.gather_s / n,
+                100 * s.bubble(), s.peak_activations / 1e6, s.peak_in_flight);
     per.push_back({{"rank", k},
                    {"stage", static_cast<int>(k) % pipe.stages()},
                    {"ms_schedule", 1e3 * s.step_s / n},
@@ -119,6 +114,7 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
                    {"ms_idle", 1e3 * s.idle_s / n},
                    {"ms_send_wait", 1e3 * s.send_s / n},
                    {"ms_allreduce_wait", 1e3 * s.reduce_s / n},
+                   {"ms_gather_wait", 1e3 * s.gather_s / n},
                    {"bubble", s.bubble()},
                    {"peak_activation_bytes", s.peak_activations},
                    {"peak_in_flight", s.peak_in_flight}});

@@ -18,12 +18,12 @@ void write_checkpoint(const Run& r, const dist::RunPosition& at) {
   if (r.c.checkpoint_dir.empty()) return;
   auto t0 = Clock::now();
   if (r.pipe) {
-    // Every stage of replica 0 writes its parameters and their state (with ZeRO-1 over the
+    // Every stage of replica 0 writes its parameters and their state (sharded over the
     // replicas, every rank its chunk); rank 0 every stage's BatchNorm statistics (gathered
     // first). Replicas that hold copies write nothing.
     r.pipe->gather_buffers();
     const nn::OptimTarget none;
-    const bool writes = r.pipe->replica() == 0 || r.c.shard == dist::Shard::zero1;
+    const bool writes = r.pipe->replica() == 0 || r.c.shard != dist::Shard::none;
     dist::save_checkpoint(r.c.checkpoint_dir, *r.model, *r.opt, writes ? r.target : none, at,
                           r.world.get(), false);
   } else {

@@ -164,11 +164,6 @@ Run set_up(const TrainConfig& config) {
                                                             << " is not a multiple of "
                                                                "--micro-batches "
                                                             << c.micro_batches);
-    COHORT_CHECK(c.shard == dist::Shard::none || c.shard == dist::Shard::zero1,
-                 "--pipeline-stages with --shard "
-                     << dist::shard_name(c.shard)
-                     << ": a stage's replicas run DDP (--shard none) or ZeRO-1 (--shard zero1); "
-                        "sharding their gradients or parameters is not built yet");
     data_world = r.job.world / c.pipeline_stages;
     data_rank = r.job.rank / c.pipeline_stages;
   }
@@ -319,7 +314,7 @@ Run set_up(const TrainConfig& config) {
     po.balance = c.pipeline_balance;
     po.deferred_batch_norm = c.deferred_batch_norm;
     po.recompute = c.recompute;
-    po.shard_optimizer = c.shard == dist::Shard::zero1;
+    po.shard = c.shard;
     po.sync_batch_norm = c.sync_bn;
     for (size_t at = 0; at < c.pipeline_cuts.size();) {
       size_t end = c.pipeline_cuts.find(',', at);

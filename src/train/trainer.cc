@@ -221,11 +221,16 @@ TrainSummary run_training(const TrainConfig& config) {
     for (size_t k = 0; k < st.size(); ++k) {
       const double n = std::max(1, st[k].steps);
       bubble += st[k].bubble() / static_cast<double>(st.size());
+      char gather[64] = "";
+      if (st[k].gather_s > 0) {
+        std::snprintf(gather, sizeof gather, ", parameter gather wait %.1f ms",
+                      1e3 * st[k].gather_s / n);
+      }
       r.say(
-          "train: rank %zu (stage %d): compute %.1f ms, idle %.1f ms, allreduce wait %.1f ms per "
-          "mini-batch; activations at most %.1f MB (%d micro-batches)\n",
+          "train: rank %zu (stage %d): compute %.1f ms, idle %.1f ms, gradient reduction wait "
+          "%.1f ms%s per mini-batch; activations at most %.1f MB (%d micro-batches)\n",
           k, static_cast<int>(k) % c.pipeline_stages, 1e3 * st[k].compute_s / n,
-          1e3 * st[k].idle_s / n, 1e3 * st[k].reduce_s / n, st[k].peak_activations / 1e6,
+          1e3 * st[k].idle_s / n, 1e3 * st[k].reduce_s / n, gather, st[k].peak_activations / 1e6,
           st[k].peak_in_flight);
     }
     r.say("train: pipeline bubble %.1f%% measured, %.1f%% by the formula (S-1)/(M+S-1)\n",

@@ -1,12 +1,14 @@
 // Pipeline parallelism over real rank processes: pipelined training with deferred BatchNorm ends
 // with the parameters and running statistics of unpipelined training on the same micro-batches
 // (2, 3 and 4 stages, 1 to 8 micro-batches, both schedules, with replicas, accumulation and
-// recomputation); 1F1B and GPipe agree; 1F1B holds at most S - stage micro-batches and its peak
-// activations stay within the bound; neighbours that disagree on shapes fail before training;
-// a killed stage makes the others fail promptly, naming it. The schedules and the balanced cut
-// are checked as functions first.
+// recomputation, the replicas sharded by ZeRO-1, 2 and 3, whose freed gradients and parameters
+// the kernel no longer holds); 1F1B and GPipe agree; 1F1B holds at most S - stage micro-batches and
+// its peak activations stay within the bound; neighbours that disagree on shapes fail before
+// training; a killed stage makes the others fail promptly, naming it. The schedules and the
+// balanced cut are checked as functions first.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -167,8 +169,8 @@ struct Case {
   int steps = 3;
   float lr = 0.05f;
   int px = kPx;
-  bool zero1 = false;    // ZeRO-1 over each stage's replicas
-  bool sync_bn = false;  // SyncBatchNorm over each stage's replicas (instead of deferred)
+  Shard shard = Shard::none;  // over each stage's replicas
+  bool sync_bn = false;       // SyncBatchNorm over each stage's replicas (instead of deferred)
   std::string optimizer = "sgd";
   float clip = 0;
 };
@@ -233,9 +235,27 @@ std::unique_ptr<nn::Model> reference(const Case& k) {
   return m;
 }
 
+// Bytes of the whole pages inside [p, p + bytes) that the kernel holds (mincore).
+size_t resident_bytes(const void* p, size_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(page - 1);
+  if (a >= e) return 0;
+  std::vector<unsigned char> in((e - a) / page);
+  REQUIRE(mincore(reinterpret_cast<void*>(a), e - a, in.data()) == 0,
+          "mincore: " << std::strerror(errno));
+  size_t n = 0;
+  for (unsigned char c : in) n += c & 1u;
+  return n * page;
+}
+
 struct Trained {
   std::unique_ptr<nn::Model> model;
   StageStats stats;
+  // Between steps (after after_step), the most of the stage's flat gradients and values the
+  // kernel held, and the memory report's gradients and parameters.
+  size_t resident_grads = 0, resident_values = 0;
+  MemoryReport report;
 };
 
 Trained pipelined(const Case& k, const std::shared_ptr<comm::Communicator>& c) {
@@ -247,7 +267,7 @@ Trained pipelined(const Case& k, const std::shared_ptr<comm::Communicator>& c) {
   o.schedule = k.schedule;
   o.deferred_batch_norm = !k.sync_bn;
   o.recompute = k.recompute;
-  o.shard_optimizer = k.zero1;
+  o.shard = k.shard;
   o.sync_batch_norm = k.sync_bn;
   Pipeline p(*t.model, c, o, {kMicro, 1, k.px, k.px});
   auto opt = nn::make_optimizer(p.optim_target(), optim_of(k));
@@ -268,8 +288,14 @@ Trained pipelined(const Case& k, const std::shared_ptr<comm::Communicator>& c) {
     if (k.clip > 0) nn::clip_grad_norm(p.optim_target(), k.clip);
     opt->step(k.lr);
     p.after_step();
+    const size_t bytes = (p.end() - p.begin()) * sizeof(float);
+    t.resident_grads = std::max(
+        t.resident_grads, resident_bytes(t.model->flat_grads().data<float>() + p.begin(), bytes));
+    t.resident_values = std::max(
+        t.resident_values, resident_bytes(t.model->flat_values().data<float>() + p.begin(), bytes));
   }
   t.stats = p.stats();
+  t.report = p.memory(*opt);
   p.gather_model();
   return t;
 }
@@ -301,8 +327,8 @@ void equals_unpipelined(const Case& k) {
         auto ref = reference(k);
         std::ostringstream what;
         what << k.stages << " stages x " << k.replicas << " replicas, M " << k.micro << ", "
-             << schedule_name(k.schedule) << (k.recompute ? ", recompute" : "")
-             << (k.zero1 ? ", zero1" : "") << (k.sync_bn ? ", SyncBN" : "") << ", accum " << k.accum
+             << schedule_name(k.schedule) << (k.recompute ? ", recompute" : "") << ", "
+             << shard_name(k.shard) << (k.sync_bn ? ", SyncBN" : "") << ", accum " << k.accum
              << ", rank " << rank;
         // Replica 0's stages hold replica 0's statistics; every replica the same parameters.
         expect_equal(*ref, *t.model, rank < k.stages, 2e-4, what.str());
@@ -310,6 +336,27 @@ void equals_unpipelined(const Case& k) {
                                                ? k.micro
                                                : std::min(k.stages - rank % k.stages, k.micro)),
                 what.str() << ": " << t.stats.peak_in_flight << " micro-batches held at once");
+        // Sharded, what the replicas no longer need between steps is gone from memory: the
+        // full-size gradients under zero2 and zero3, the parameters under zero3 (the whole
+        // pages of the stage's range; the edges may share a page with the next stage's).
+        if (k.replicas == 1) return;
+        const bool grads_freed = k.shard == Shard::zero2 || k.shard == Shard::zero3;
+        const bool values_freed = k.shard == Shard::zero3;
+        REQUIRE((t.resident_grads == 0) == grads_freed,
+                what.str() << ": " << t.resident_grads
+                           << " bytes of the stage's full-size gradients resident between steps");
+        REQUIRE((t.resident_values == 0) == values_freed,
+                what.str() << ": " << t.resident_values
+                           << " bytes of the stage's full-size parameters resident between steps");
+        REQUIRE(
+            t.report.mode == k.shard && t.report.ranks == (k.shard == Shard::none ? 1 : k.replicas),
+            what.str() << ": the memory report says " << shard_name(t.report.mode) << " over "
+                       << t.report.ranks << " ranks");
+        const size_t full = t.report.gradients_in_flight;
+        REQUIRE(
+            grads_freed == (full > 0 && t.report.gradients * k.replicas <= full + 64 * k.replicas),
+            what.str() << ": the report's gradients " << t.report.gradients << " bytes, in flight "
+                       << full);
       },
       ro);
   testing::expect_all_ok(rs);
@@ -353,18 +400,45 @@ TEST(Pipeline, StageReplicasWithZero1AndSyncBnEqualUnpipelined) {
   Case k;
   k.replicas = 2;
   k.micro = 3;
-  k.zero1 = true;
+  k.shard = Shard::zero1;
   k.optimizer = "adamw";
   k.lr = 1e-3f;
   k.clip = 0.05f;
   equals_unpipelined(k);
   k.replicas = 3;
   k.stages = 2;
-  k.zero1 = false;
+  k.shard = Shard::none;
   k.sync_bn = true;
   k.optimizer = "sgd";
   k.lr = 0.05f;
   k.clip = 0;
+  equals_unpipelined(k);
+}
+
+// ZeRO-2 and ZeRO-3 over the replicas of each stage: the same parameters as unpipelined
+// training (AdamW, clipping, accumulation, both schedules, 2 and 3 replicas, recomputation
+// reading zero3's gathered parameters again in backward), and between steps the kernel holds
+// none of the stage's full-size gradients (zero2, zero3) or parameters (zero3).
+TEST(Pipeline, StageReplicasWithZero2AndZero3EqualUnpipelined) {
+  for (Shard shard : {Shard::zero2, Shard::zero3})
+    for (Schedule s : {Schedule::gpipe, Schedule::one_f_one_b}) {
+      Case k;
+      k.replicas = 2;
+      k.micro = 3;
+      k.accum = 2;
+      k.schedule = s;
+      k.shard = shard;
+      k.optimizer = "adamw";
+      k.lr = 1e-3f;
+      k.clip = 0.05f;
+      equals_unpipelined(k);
+    }
+  Case k;
+  k.stages = 2;
+  k.replicas = 3;
+  k.micro = 2;
+  k.shard = Shard::zero3;
+  k.recompute = true;
   equals_unpipelined(k);
 }
 
@@ -556,28 +630,32 @@ TEST(Pipeline, CohortTrainEqualsAccumulatedTrainingAndReports) {
   auto halfway = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 32, 0});
   EXPECT_NO_THROW(nn::load_weights(*halfway, dir.file("ck.safetensors")));
 
-  auto sharded = testing::sh(bin + " launch --nproc-per-node 2 -- " + bin + common +
-                             "--batch 8 --pipeline-stages 2 --micro-batches 4 --shard zero3");
-  EXPECT_NE(sharded.code, 0);
-  EXPECT_NE(sharded.out.find("--pipeline-stages with --shard zero3"), std::string::npos)
-      << sharded.out;
+  auto hybrid = testing::sh(bin + " launch --nproc-per-node 2 -- " + bin + common +
+                            "--batch 8 --pipeline-stages 2 --micro-batches 4 --shard hybrid");
+  EXPECT_NE(hybrid.code, 0);
+  EXPECT_NE(hybrid.out.find("pipeline: --shard hybrid"), std::string::npos) << hybrid.out;
 
-  // 2 stages x 2 replicas with ZeRO-1 and SyncBatchNorm over the replicas: stopped halfway and
-  // resumed (every rank wrote its chunk), the run ends with the uninterrupted run's weights.
-  const std::string zero1 =
-      "--batch 4 --pipeline-stages 2 --micro-batches 2 --shard zero1 "
-      "--sync-bn --optimizer adamw ";
-  auto whole = testing::sh(bin + " launch --nproc-per-node 4 -- " + bin + common + zero1 +
-                           "--save " + dir.file("z-whole"));
+  // 2 stages x 2 replicas with SyncBatchNorm and the replicas sharded: ZeRO-1 uninterrupted;
+  // ZeRO-3 stopped halfway (every rank wrote its chunk); resumed under ZeRO-2. All three shard
+  // the same chunks and reduce them alike, so the run ends with the uninterrupted run's weights.
+  const std::string sharded =
+      "--batch 4 --pipeline-stages 2 --micro-batches 2 --sync-bn --optimizer adamw ";
+  auto whole = testing::sh(bin + " launch --nproc-per-node 4 -- " + bin + common + sharded +
+                           "--shard zero1 --save " + dir.file("z-whole"));
   ASSERT_EQ(whole.code, 0) << whole.out;
   EXPECT_NE(whole.out.find("(ZeRO-1 over a stage's replicas, SyncBatchNorm)"), std::string::npos)
       << whole.out;
-  auto half = testing::sh(bin + " launch --nproc-per-node 4 -- " + bin + common + zero1 +
-                          "--max-steps 2 --checkpoint-dir " + dir.file("zck"));
+  auto half = testing::sh(bin + " launch --nproc-per-node 4 -- " + bin + common + sharded +
+                          "--shard zero3 --max-steps 2 --checkpoint-dir " + dir.file("zck"));
   ASSERT_EQ(half.code, 0) << half.out;
-  auto rest = testing::sh(bin + " launch --nproc-per-node 4 -- " + bin + common + zero1 +
-                          "--resume " + dir.file("zck") + " --save " + dir.file("z-resumed"));
+  EXPECT_NE(half.out.find("(ZeRO-3: parameters gathered once per step"), std::string::npos)
+      << half.out;
+  auto rest =
+      testing::sh(bin + " launch --nproc-per-node 4 -- " + bin + common + sharded +
+                  "--shard zero2 --resume " + dir.file("zck") + " --save " + dir.file("z-resumed"));
   ASSERT_EQ(rest.code, 0) << rest.out;
+  EXPECT_NE(rest.out.find("(ZeRO-2: gradients reduce-scattered once per step"), std::string::npos)
+      << rest.out;
   {
     auto w = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 32, 0});
     auto z = nn::make_model("smallcnn", nn::ModelOptions{1, 2, 32, 0});
@@ -585,7 +663,7 @@ TEST(Pipeline, CohortTrainEqualsAccumulatedTrainingAndReports) {
     nn::load_weights(*z, dir.file("z-resumed") + "/model.safetensors");
     for (nn::Param* p : w->params()) {
       EXPECT_LT(testing::max_rel_diff(z->find_param(p->name)->value, p->value), 1e-6)
-          << "zero1 resumed: " << p->name;
+          << "zero3 stopped, resumed under zero2: " << p->name;
     }
   }
   auto odd = testing::sh(bin + " launch --nproc-per-node 3 -- " + bin + common +

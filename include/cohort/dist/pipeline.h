@@ -3,7 +3,18 @@
 // under a schedule (GPipe: every forward, then every backward; 1F1B: after a warm-up, one
 // forward and one backward in turn, so that a stage holds at most S - stage micro-batches of
 // activations instead of M). With S x D ranks, D replicas of the pipeline each take their own
-// data, and every stage's replicas allreduce that stage's gradients while the pipeline drains.
+// data, and every stage's replicas allreduce that stage's gradients while the pipeline drains,
+// or shard them (ZeRO-1/2/3 over the replicas, PipelineOptions::shard).
+//
+// Sharding inside a stage works at the grain of the step, not of the micro-batch, as PyTorch's
+// pipeline schedules drive FSDP: a stage's gradients add up over its M micro-batches in one
+// full-size buffer and are reduce-scattered once, after the last backward; zero3's parameters
+// are gathered once, before the first forward, and kept until that last backward. Doing either
+// per micro-batch would multiply the replicas' traffic by M (by 2M for zero3's gathers), and
+// under 1F1B a stage's first backward comes before its last forward, so the full gradients are
+// live for most of the schedule anyway. What zero2 and zero3 save is then the memory between
+// steps (the optimiser step and everything outside the schedule): the full-size gradients
+// (zero2) and parameters (zero3) go back to the kernel, and each replica keeps 1/D of them.
 //
 // Ranks: rank = replica * S + stage, so that one replica's stages are neighbours (on one host
 // when they fit: activations cross shared memory; gradients cross hosts once per step).
@@ -54,10 +65,15 @@ struct PipelineOptions {
   std::string balance = "flops";     // flops (counted in one forward) | time (measured on rank 0)
   bool deferred_batch_norm = false;  // running statistics over the whole mini-batch
   bool recompute = false;  // keep each micro-batch's stage input only; forward again in backward
-  // Over a stage's replicas: ZeRO-1 (each replica updates and keeps the optimiser state of
-  // 1/D of the stage: gradients reduce-scattered, the updated values all-gathered) instead of
-  // DDP's allreduce; and SyncBatchNorm (batch statistics over the replicas' micro-batches).
-  bool shard_optimizer = false;
+  // Over a stage's replicas, instead of DDP's allreduce (Shard::none):
+  // - zero1: each replica updates and keeps the optimiser state of 1/D of the stage; the
+  //   gradients are reduce-scattered, the updated values all-gathered after the step;
+  // - zero2: the same, and the full-size gradients are given back after the reduce-scatter;
+  // - zero3: the same as zero2, and the parameters live as 1/D chunks between steps, gathered
+  //   before the step's first forward and given back after its last backward.
+  // (hybrid is refused: a stage's replicas are the group it would split by host.)
+  Shard shard = Shard::none;
+  // SyncBatchNorm: batch statistics over the replicas' micro-batches.
   bool sync_batch_norm = false;
 };
 
@@ -69,6 +85,7 @@ struct StageStats {
   double idle_s = 0;     // waiting for an activation or a gradient
   double send_s = 0;     // waiting for this stage's sends to be taken
   double reduce_s = 0;   // waiting for the replicas' gradient allreduce (exposed)
+  double gather_s = 0;   // zero3: waiting for the stage's parameters before the first forward
   // Bytes held beyond the step's start between actions, peak: the micro-batches' activations
   // in flight (what 1F1B bounds).
   size_t peak_activations = 0;
@@ -111,9 +128,11 @@ class Pipeline {
   // the micro-batches, on every stage.
   float run(const tensor::Tensor& x, const LossFn& loss, float loss_scale = 1.0f);
   // The replicas' allreduce (or, sharded, reduce-scatter) of this stage's gradients, and the
-  // deferred BatchNorm statistics committed; returns the seconds spent waiting for it.
+  // deferred BatchNorm statistics committed; returns the seconds spent waiting for it. zero2
+  // and zero3 then give the full-size gradients back to the kernel, zero3 the parameters too.
   double finish();
-  // After the optimiser step: sharded, the replicas' updated chunks to every replica.
+  // After the optimiser step (or a checkpoint load): zero1/2, the replicas' updated chunks to
+  // every replica; zero3, the gathered parameters are stale (the next run gathers them).
   void after_step();
 
   // What the optimiser updates on this rank: this stage's parameters (clipping sums the squared
@@ -145,6 +164,11 @@ class Pipeline {
   void run_forward(int micro, const tensor::Tensor& x, const LossFn& loss);
   void run_backward(int micro, const LossFn& loss, float seed);
   void check_shapes();
+  // zero3: every unit's chunks from the replicas into the stage's range of the flat values;
+  // waiting for the units that begin before flat offset `through` (all by default).
+  void start_gather();
+  void wait_gather(size_t through = static_cast<size_t>(-1));
+  bool sharded() const { return !units_.empty(); }
 
   nn::Model& m_;
   std::shared_ptr<comm::Communicator> world_, pipe_, replicas_comm_;
@@ -154,11 +178,24 @@ class Pipeline {
   std::vector<double> costs_;  // per piece
   int first_piece_ = 0, last_piece_ = 0;
   size_t begin_ = 0, end_ = 0;
-  // Sharded over the replicas: this replica's chunk [lo, lo + n) of the stage's range, each
-  // chunk `chunk_` elements (the last ones padded), its reduced gradients in shard_grad_, and
-  // where reduce-scatter and allgather run when the flat buffers end before D chunks do.
-  size_t chunk_ = 0, lo_ = 0;
-  tensor::Tensor shard_grad_, staging_;
+  // Sharded over the replicas: the stage's units (aligned, so that each is D chunks exactly),
+  // this replica owning chunk `replica_` of each; the chunks' reduced gradients side by side in
+  // shard_grad_ (a unit's at `at`).
+  struct ShardUnit {
+    size_t begin = 0, len = 0, chunk = 0, at = 0;
+  };
+  std::vector<ShardUnit> units_;
+  size_t shard_elems_ = 0;
+  tensor::Tensor shard_grad_;
+  // zero3: this replica's chunks of the stage's values (what the optimiser updates), the
+  // gathers in flight (one per unit, waited for in order), and whether the flat buffer holds
+  // the current values.
+  tensor::Tensor shard_values_;
+  std::vector<comm::Work> gathers_;
+  size_t waited_ = 0;
+  bool gathering_ = false, gathered_ = true;
+  std::vector<size_t> piece_end_;  // per piece of the stage: where its parameters end
+  bool grads_zero_ = true;  // the stage's flat gradients are zero (dropped pages read as zero)
   nn::OptimTarget target_;
   tensor::Shape in_shape_, out_shape_;  // this stage's, per micro-batch
   std::unique_ptr<Channel> act_in_, act_out_, grad_in_, grad_out_;

@@ -130,6 +130,11 @@ double sum_squares(const Tensor& t);
 // this private anonymous memory): it reads back as zeros and costs no memory until written.
 // What a new layout and ZeRO do with flat buffers they do not keep whole.
 void drop_pages(void* p, size_t bytes);
+// Asks the kernel for transparent huge pages (2 MiB) in [p, p + bytes) (madvise HUGEPAGE on
+// the 2 MiB-aligned part; nothing where the kernel has none). For memory dropped and written
+// again every step: a fault then maps 2 MiB, not 4 KiB. Measured on this VM, taking 42 MB back
+// after drop_pages cost 128 ms in 4 KiB faults (12 us each) and 2.4 ms in huge pages.
+void prefer_huge_pages(void* p, size_t bytes);
 bool all_finite(const Tensor& t);
 double max_abs(const Tensor& t);  // inf or nan when any element is
 
