@@ -12,6 +12,7 @@
 
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
+#include "cohort/core/hash.h"
 #include "cohort/dist/step_memory.h"
 #include "cohort/nn/layers.h"
 
@@ -283,14 +284,35 @@ Pipeline::Pipeline(nn::Model& m, std::shared_ptr<comm::Communicator> world,
                                                             << "; cuts go between 4-d blocks");
   }
 
-  // Sharded over the replicas, every unit of the model is laid out again on a multiple of
-  // D x 16 elements (as the sharded engine does), so that each unit splits into D equal chunks,
-  // each 64-byte aligned, with nothing past the stage's range.
-  COHORT_CHECK(o_.shard != Shard::hybrid,
-               "pipeline: --shard hybrid: a stage's replicas are sharded as one group (zero1, "
-               "zero2 or zero3); hybrid's split by host is not built for pipeline stages");
-  const bool sharded = o_.shard != Shard::none && replicas_ > 1;
-  const size_t align = sharded ? static_cast<size_t>(replicas_) * 16 : 1;
+  // The communicators: this replica's stages, this stage's replicas, and (sharded) the
+  // replicas a unit is split over: all of them, or under hybrid those on this host, each chunk
+  // then all-reduced with the ranks that hold it on the other hosts.
+  pipe_ = world_->split(replica_, stage_);
+  replicas_comm_ = world_->split(stage_, replica_);
+  shard_comm_ = replicas_comm_;
+  if (o_.shard == Shard::hybrid && replicas_ > 1) {
+    const int host = static_cast<int>(fnv1a64(world_->host()) & 0x3fffffff);
+    shard_comm_ = replicas_comm_->split(host, replica_);
+    across_ = replicas_comm_->split(shard_comm_->rank(), replica_);
+    // Every stage on every host must split alike, or the ranks would disagree on the layout.
+    int64_t n[2] = {shard_comm_->size(), -shard_comm_->size()};
+    world_->allreduce(n, n, 2, comm::DataType::i64, comm::RedOp::min).wait();
+    COHORT_CHECK(n[0] == -n[1],
+                 "pipeline: --shard hybrid: every host must hold as many replicas of every stage "
+                 "(rank "
+                     << world_->rank() << ", stage " << stage_ << ", has " << shard_comm_->size()
+                     << " on host " << world_->host() << "; another host has "
+                     << (n[0] != shard_comm_->size() ? n[0] : -n[1])
+                     << "): give each host a multiple of " << S << " ranks, whole replicas");
+    if (across_->size() == 1) across_.reset();
+  }
+  // Sharded, every unit of the model is laid out again on a multiple of N x 16 elements (as
+  // the sharded engine does), so that each unit splits into N equal chunks, each 64-byte
+  // aligned, with nothing past the stage's range.
+  const bool sharded = o_.shard != Shard::none && shard_comm_->size() > 1;
+  const size_t align = sharded ? static_cast<size_t>(shard_comm_->size()) * 16 : 1;
+  own_ = static_cast<size_t>(shard_comm_->rank());
+  const size_t own = own_;
   if (sharded) m_.align_units(align);
 
   // This stage's parameters: one range of the flat buffers, the rest returned to the kernel.
@@ -322,19 +344,17 @@ Pipeline::Pipeline(nn::Model& m, std::shared_ptr<comm::Communicator> world,
       if (u.begin < begin_ || u.end > end_) continue;
       COHORT_CHECK(u.begin == at, "pipeline: stage " << stage_ << "'s unit " << u.name
                                                      << " starts at " << u.begin << ", not " << at);
-      units_.push_back({u.begin, u.end - u.begin, (u.end - u.begin) / replicas_, shard_elems_});
+      units_.push_back({u.begin, u.end - u.begin, (u.end - u.begin) / (align / 16), shard_elems_});
       shard_elems_ += units_.back().chunk;
       at = u.end;
     }
     COHORT_CHECK(at == end_, "pipeline: stage " << stage_ << "'s units end at " << at
                                                 << ", its parameters at " << end_);
     shard_grad_ = Tensor::zeros({static_cast<int64_t>(shard_elems_)});
-    if (o_.shard == Shard::zero3) {
-      shard_values_ = Tensor::zeros({static_cast<int64_t>(shard_elems_)});
-    }
+    if (shards_parameters()) shard_values_ = Tensor::zeros({static_cast<int64_t>(shard_elems_)});
     for (const ShardUnit& u : units_) {
-      const size_t lo = u.begin + static_cast<size_t>(replica_) * u.chunk;
-      float* w = o_.shard == Shard::zero3 ? shard_values_.data<float>() + u.at : values + lo;
+      const size_t lo = u.begin + own * u.chunk;
+      float* w = shards_parameters() ? shard_values_.data<float>() + u.at : values + lo;
       target_.ranges.push_back({w, shard_grad_.data<float>() + u.at, u.chunk});
     }
   } else {
@@ -348,7 +368,7 @@ Pipeline::Pipeline(nn::Model& m, std::shared_ptr<comm::Communicator> world,
       continue;
     }
     for (size_t k = 0; k < units_.size(); ++k) {
-      const size_t lo = units_[k].begin + static_cast<size_t>(replica_) * units_[k].chunk;
+      const size_t lo = units_[k].begin + own * units_[k].chunk;
       const size_t hi = lo + units_[k].chunk;
       if (std::max(a, lo) < std::min(b, hi)) {
         target_.pieces.push_back({p->index, std::max(a, lo) - a, std::min(b, hi) - a, k,
@@ -365,13 +385,11 @@ Pipeline::Pipeline(nn::Model& m, std::shared_ptr<comm::Communicator> world,
     piece_end_.push_back(last ? last->offset + static_cast<size_t>(last->value.numel()) : 0);
   }
 
-  // The communicators: this replica's stages, this stage's replicas, and the channels.
-  pipe_ = world_->split(replica_, stage_);
-  replicas_comm_ = world_->split(stage_, replica_);
-  // Clipping's and LARS's sums: over the stages, and (sharded) over the replicas' chunks.
-  comm::Communicator* across = sharded ? world_.get() : pipe_.get();
-  target_.sum_across = [across](double* v, size_t k) {
-    across->allreduce(v, v, k, comm::DataType::f64, comm::RedOp::sum).wait();
+  // Clipping's and LARS's sums: over the stages, and (sharded) over the replicas' chunks,
+  // each chunk once (hybrid: one host's copy of each, the world's ranks of one host index).
+  sums_ = !sharded ? pipe_ : across_ ? world_->split(across_->rank(), world_->rank()) : world_;
+  target_.sum_across = [c = sums_.get()](double* v, size_t k) {
+    c->allreduce(v, v, k, comm::DataType::f64, comm::RedOp::sum).wait();
   };
   if (o_.sync_batch_norm) {
     COHORT_CHECK(!o_.deferred_batch_norm,
@@ -434,14 +452,13 @@ Pipeline::Pipeline(nn::Model& m, std::shared_ptr<comm::Communicator> world,
     // zero2 and zero3 give the stage's full-size gradients (zero3: parameters) back every step
     // and fault them in again in the next.
     tensor::prefer_huge_pages(grads + begin_, length * sizeof(float));
-    if (o_.shard == Shard::zero3)
-      tensor::prefer_huge_pages(values + begin_, length * sizeof(float));
+    if (shards_parameters()) tensor::prefer_huge_pages(values + begin_, length * sizeof(float));
   }
-  if (sharded && o_.shard == Shard::zero3) {
+  if (sharded && shards_parameters()) {
     // The stage's parameters as this replica's chunks; the full range goes back to the kernel
     // until the first forward gathers it.
     for (const ShardUnit& u : units_) {
-      const float* from = values + u.begin + static_cast<size_t>(replica_) * u.chunk;
+      const float* from = values + u.begin + own * u.chunk;
       std::copy(from, from + u.chunk, shard_values_.data<float>() + u.at);
     }
     tensor::drop_pages(values + begin_, length * sizeof(float));
@@ -488,8 +505,14 @@ std::string Pipeline::describe() const {
                           ? "ZeRO-2: gradients reduce-scattered once per step, then freed"
                           : "ZeRO-3: parameters gathered once per step, freed with the "
                             "gradients after its last backward";
-    os << " (" << how << " over a stage's replicas" << (o_.sync_batch_norm ? ", SyncBatchNorm" : "")
-       << ")";
+    os << " (" << how << " over a stage's replicas";
+    if (o_.shard == Shard::hybrid) {
+      os << (sharded() ? " on one host" : " on different hosts") << " (hybrid";
+      if (sharded()) os << ": " << shard_comm_->size() << " per host";
+      if (across_ || !sharded()) os << ", allreduced across hosts";
+      os << ")";
+    }
+    os << (o_.sync_batch_norm ? ", SyncBatchNorm" : "") << ")";
   }
   os << ", " << o_.micro_batches << " micro-batches, " << schedule_name(o_.schedule)
      << " (bubble by the formula " << std::lround(100 * bubble_formula(o_.stages, o_.micro_batches))
@@ -601,8 +624,8 @@ void Pipeline::run_backward(int i, const LossFn& loss, float seed) {
 void Pipeline::start_gather() {
   float* v = m_.flat_values().data<float>();
   for (const ShardUnit& u : units_) {  // in forward order
-    gathers_.push_back(replicas_comm_->allgather(shard_values_.data<float>() + u.at, v + u.begin,
-                                                 u.chunk, comm::DataType::f32));
+    gathers_.push_back(shard_comm_->allgather(shard_values_.data<float>() + u.at, v + u.begin,
+                                              u.chunk, comm::DataType::f32));
   }
   waited_ = 0;
   gathering_ = true;
@@ -621,7 +644,7 @@ void Pipeline::wait_gather(size_t through) {
 
 void Pipeline::after_step() {
   if (!sharded()) return;
-  if (o_.shard == Shard::zero3) {
+  if (shards_parameters()) {
     // The flat values (gathered for evaluation, say) are older than the chunk now.
     if (gathered_)
       tensor::drop_pages(m_.flat_values().data<float>() + begin_, (end_ - begin_) * sizeof(float));
@@ -633,8 +656,8 @@ void Pipeline::after_step() {
   std::vector<comm::Work> works;
   for (const ShardUnit& u : units_) {
     float* unit = v + u.begin;
-    works.push_back(replicas_comm_->allgather(unit + static_cast<size_t>(replica_) * u.chunk, unit,
-                                              u.chunk, comm::DataType::f32));
+    works.push_back(
+        shard_comm_->allgather(unit + own_ * u.chunk, unit, u.chunk, comm::DataType::f32));
   }
   for (comm::Work& w : works) w.wait();
 }
@@ -700,17 +723,22 @@ double Pipeline::finish() {
   if (sharded()) {
     std::vector<comm::Work> works;
     for (const ShardUnit& u : units_) {
-      works.push_back(replicas_comm_->reduce_scatter(g + u.begin, shard_grad_.data<float>() + u.at,
-                                                     u.chunk, comm::DataType::f32,
-                                                     comm::RedOp::sum));
+      works.push_back(shard_comm_->reduce_scatter(g + u.begin, shard_grad_.data<float>() + u.at,
+                                                  u.chunk, comm::DataType::f32, comm::RedOp::sum));
     }
     for (comm::Work& w : works) w.wait();
-    if (o_.shard == Shard::zero2 || o_.shard == Shard::zero3) {
+    if (across_) {  // hybrid: the same chunk on the other hosts
+      across_
+          ->allreduce(shard_grad_.data<float>(), shard_grad_.data<float>(), shard_elems_,
+                      comm::DataType::f32, comm::RedOp::sum)
+          .wait();
+    }
+    if (o_.shard != Shard::zero1) {
       // Reduced: the full-size gradients (and zero3's parameters) back to the kernel, each
       // replica keeping its chunk. Dropped pages read as zero, so zero_grad has nothing to do.
       tensor::drop_pages(g + begin_, (end_ - begin_) * sizeof(float));
       grads_zero_ = true;
-      if (o_.shard == Shard::zero3) {
+      if (shards_parameters()) {
         tensor::drop_pages(m_.flat_values().data<float>() + begin_,
                            (end_ - begin_) * sizeof(float));
         gathered_ = false;
@@ -775,7 +803,7 @@ void Pipeline::gather_buffers() {
 MemoryReport Pipeline::memory(const nn::Optimizer& opt) const {
   MemoryReport r;
   r.mode = sharded() ? o_.shard : Shard::none;
-  r.ranks = sharded() ? replicas_ : 1;
+  r.ranks = sharded() ? shard_comm_->size() : 1;
   const auto& pieces = m_.pieces();
   for (int p = pieces[static_cast<size_t>(first_piece_)].first;
        p < pieces[static_cast<size_t>(last_piece_) - 1].last; ++p)
@@ -783,10 +811,10 @@ MemoryReport Pipeline::memory(const nn::Optimizer& opt) const {
   // zero2/3: the chunk between steps, the full range during the schedule.
   const size_t full = (end_ - begin_) * sizeof(float), chunk = shard_elems_ * sizeof(float);
   const bool zero23 = sharded() && o_.shard != Shard::zero1;
-  r.parameters = o_.shard == Shard::zero3 && sharded() ? chunk : full;
+  r.parameters = shards_parameters() && sharded() ? chunk : full;
   r.gradients = zero23 ? chunk : full;
   if (zero23) r.gradients_in_flight = full;
-  if (o_.shard == Shard::zero3 && sharded()) r.gathered = full;
+  if (shards_parameters() && sharded()) r.gathered = full;
   add_optimizer_state(r, opt);
   r.activations = stats_.peak_step;
   if (sharded() && !zero23) r.comm_buffers += shard_grad_.bytes();

@@ -70,8 +70,9 @@ struct PipelineOptions {
   //   gradients are reduce-scattered, the updated values all-gathered after the step;
   // - zero2: the same, and the full-size gradients are given back after the reduce-scatter;
   // - zero3: the same as zero2, and the parameters live as 1/D chunks between steps, gathered
-  //   before the step's first forward and given back after its last backward.
-  // (hybrid is refused: a stage's replicas are the group it would split by host.)
+  //   before the step's first forward and given back after its last backward;
+  // - hybrid: zero3 over the stage's replicas on one host (every host must hold as many), each
+  //   reduced chunk then all-reduced with the ranks that hold it on the other hosts.
   Shard shard = Shard::none;
   // SyncBatchNorm: batch statistics over the replicas' micro-batches.
   bool sync_batch_norm = false;
@@ -169,9 +170,14 @@ class Pipeline {
   void start_gather();
   void wait_gather(size_t through = static_cast<size_t>(-1));
   bool sharded() const { return !units_.empty(); }
+  bool shards_parameters() const { return o_.shard == Shard::zero3 || o_.shard == Shard::hybrid; }
 
   nn::Model& m_;
   std::shared_ptr<comm::Communicator> world_, pipe_, replicas_comm_;
+  // Sharded: the replicas a unit is split over (all of the stage's, or hybrid's on this host),
+  // hybrid's ranks holding the same chunk on the other hosts (null on one host), and the ranks
+  // over which clipping sums (every piece of the model once).
+  std::shared_ptr<comm::Communicator> shard_comm_, across_, sums_;
   PipelineOptions o_;
   int stage_ = 0, replica_ = 0, replicas_ = 1;
   std::vector<int> cuts_;
@@ -185,7 +191,7 @@ class Pipeline {
     size_t begin = 0, len = 0, chunk = 0, at = 0;
   };
   std::vector<ShardUnit> units_;
-  size_t shard_elems_ = 0;
+  size_t shard_elems_ = 0, own_ = 0;
   tensor::Tensor shard_grad_;
   // zero3: this replica's chunks of the stage's values (what the optimiser updates), the
   // gathers in flight (one per unit, waited for in order), and whether the flat buffer holds
