@@ -12,15 +12,27 @@
 #include <gdcmWriter.h>
 #include <turbojpeg.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <sstream>
 #include <streambuf>
 
+#include "cohort/core/env.h"
 #include "cohort/data/ops.h"
+#include "helper_process.h"
+
+// Where GDCM decodes by default: the helper executable's path, or "off" (in this process: the
+// fuzz target, whose sanitizers must see GDCM's faults).
+#ifndef COHORT_GDCM_HELPER_DEFAULT
+#error "COHORT_GDCM_HELPER_DEFAULT must name the GDCM helper (or be \"off\")"
+#endif
 
 namespace cohort::data {
 
@@ -1276,6 +1288,82 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
 
 }  // namespace
 
+namespace {
+
+// decode_with_gdcm's result on the helper's wire: the format and window, then the pixels.
+struct WireStored {
+  int32_t width, height, bits_allocated, bits_stored, high_bit, samples;
+  uint8_t is_signed, monochrome1, has_window, pad;
+  double slope, intercept, center, window_width;
+};
+
+HelperResult to_wire(StoredPixels p) {
+  const StoredFormat& f = p.format;
+  const WireStored w{f.width,
+                     f.height,
+                     f.bits_allocated,
+                     f.bits_stored,
+                     f.high_bit,
+                     f.samples,
+                     f.is_signed,
+                     f.monochrome1,
+                     p.window.has_value(),
+                     0,
+                     f.slope,
+                     f.intercept,
+                     p.window ? p.window->center : 0.0,
+                     p.window ? p.window->width : 0.0};
+  return {std::string(reinterpret_cast<const char*>(&w), sizeof w), std::move(p.decoded)};
+}
+
+StoredPixels from_wire(HelperReply r, const std::string& name) {
+  WireStored w;
+  COHORT_CHECK(r.head.size() == sizeof w, name << ": the decoding helper replied with a record of "
+                                               << r.head.size() << " bytes, not " << sizeof w);
+  std::memcpy(&w, r.head.data(), sizeof w);
+  StoredPixels p;
+  p.format = StoredFormat{w.width,     w.height,         w.bits_allocated,   w.bits_stored,
+                          w.high_bit,  w.is_signed != 0, w.monochrome1 != 0, w.slope,
+                          w.intercept, w.samples};
+  if (w.has_window) p.window = Window{w.center, w.window_width};
+  p.decoded = std::move(r.body);
+  return p;
+}
+
+// GDCM asserts (aborting the process) and loops on inputs nobody has thought of yet; each one
+// found is refused above before GDCM reads it, but the next is only found by a crash. So the
+// transfer syntaxes that need GDCM's image reader decode in a helper process per thread
+// (COHORT_GDCM_HELPER: its path, or "off" for this process), which dies in GDCM's place.
+// The native and RLE fast paths, our own code, stay here.
+StoredPixels decode_general(std::span<const uint8_t> bytes, const std::string& name) {
+  static const std::string helper = env::get_or("COHORT_GDCM_HELPER", COHORT_GDCM_HELPER_DEFAULT);
+  if (helper == "off") return decode_with_gdcm(bytes, name);
+  const double timeout = std::stod(env::get_or("COHORT_DECODE_TIMEOUT", "60"));  // seconds
+  HelperReply r = ask_helper(helper, name, bytes, timeout);
+  if (!r.ok) COHORT_THROW_AS(DecodeError, r.head);
+  return from_wire(std::move(r), name);
+}
+
+}  // namespace
+
+int serve_gdcm_decoding() {
+  quiet_gdcm();
+  // Fault injection for the tests of what a dying decoder does to its caller:
+  // "abort:TEXT" or "hang:TEXT" for a file whose name holds TEXT.
+  const std::string fault = env::get_or("COHORT_GDCM_HELPER_FAULT", "");
+  const size_t colon = fault.find(':');
+  return serve_helper([&](std::span<const uint8_t> bytes, const std::string& name) {
+    if (colon != std::string::npos && name.find(fault.substr(colon + 1)) != std::string::npos) {
+      const std::string kind = fault.substr(0, colon);
+      std::fprintf(stderr, "cohort-gdcm: injected fault (%s) on %s\n", kind.c_str(), name.c_str());
+      if (kind == "abort") std::abort();
+      if (kind == "hang")
+        for (;;) ::pause();
+    }
+    return to_wire(decode_with_gdcm(bytes, name));
+  });
+}
+
 DicomPixels::DicomPixels(std::span<const uint8_t> bytes, const std::string& name)
     : s_(std::make_unique<StoredPixels>()) {
   quiet_gdcm();
@@ -1283,7 +1371,7 @@ DicomPixels::DicomPixels(std::span<const uint8_t> bytes, const std::string& name
   if (auto n = parse_native(bytes, name)) {
     *s_ = std::move(*n);
   } else {
-    *s_ = decode_with_gdcm(bytes, name);
+    *s_ = decode_general(bytes, name);
   }
   // No pixels or no size (fuzz_image: a file whose pixels were never found crashed the
   // windowing on a null pointer).

@@ -1,4 +1,6 @@
 #include "cohort/data/dicom.h"
+#include "cohort/data/pipeline.h"
+#include "cohort/data/source.h"
 
 #include <gdcmImageChangePhotometricInterpretation.h>
 #include <gdcmImageChangeTransferSyntax.h>
@@ -7,6 +9,7 @@
 #include <gdcmReader.h>
 #include <gdcmWriter.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 // jpeglib.h needs FILE and size_t declared first; it has a block of its own, since
 // clang-format sorts the includes within a block.
@@ -19,8 +22,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <sstream>
+#include <thread>
 
 using namespace cohort::data;
 
@@ -748,4 +754,113 @@ TEST(Dicom, RleDeclaringMorePixelsThanItsBytesHoldIsRefusedAtOnce) {
     }
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
   }
+}
+
+namespace {
+
+// The helper processes (cohort-gdcm) this process has started and not yet reaped.
+int helpers_running() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    // pid (comm) state ppid ...
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos || stat.find("(cohort-gdcm)") == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == static_cast<long>(getpid())) ++n;
+  }
+  return n;
+}
+
+// Runs f on a thread of its own (a thread has its own helper, started with the environment of
+// the moment), with `name`=`value` set meanwhile.
+void on_new_thread(const char* name, const char* value, const std::function<void()>& f) {
+  ::setenv(name, value, 1);
+  std::thread t(f);
+  t.join();
+  ::unsetenv(name);
+}
+
+}  // namespace
+
+// GDCM decodes in a helper process per thread: JPEG-LS comes back with the native pixels from
+// there; a decoder that aborts costs its file a DecodeError naming it, the signal and GDCM's last
+// words (the abort is injected: every abort fuzzing found is refused before GDCM now), and the
+// next file decodes in a fresh helper; a decoder that loops is stopped at COHORT_DECODE_TIMEOUT;
+// a thread's helper ends with it.
+TEST(Dicom, GdcmDecodesInAHelperProcessThatDiesInsteadOfTheCaller) {
+  const auto plain = windowed12(40, 30);
+  const auto jpegls = transcode(plain, gdcm::TransferSyntax::JPEGLSLossless);
+  ASSERT_FALSE(jpegls.empty());
+  const Image want = decode_dicom(plain, "plain.dcm");
+  const int before = helpers_running();
+  on_new_thread("COHORT_GDCM_HELPER_FAULT", "abort:fault-abort", [&] {
+    EXPECT_EQ(decode_dicom(jpegls, "scans/a.dcm").data, want.data);
+    EXPECT_EQ(helpers_running(), before + 1) << "no helper decoded it";
+    try {
+      decode_dicom(jpegls, "scans/fault-abort.dcm");
+      ADD_FAILURE() << "the aborting decoder returned";
+    } catch (const DecodeError& e) {
+      const std::string what = e.what();
+      for (const char* part :
+           {"scans/fault-abort.dcm", "signal 6", "injected fault (abort)", "this one goes on"})
+        EXPECT_NE(what.find(part), std::string::npos) << part << " missing: " << what;
+    }
+    EXPECT_EQ(helpers_running(), before) << "the dead helper was not reaped";
+    EXPECT_EQ(decode_dicom(jpegls, "scans/b.dcm").data, want.data);  // a fresh helper
+    EXPECT_EQ(helpers_running(), before + 1);
+  });
+  EXPECT_EQ(helpers_running(), before) << "a thread's helper outlived it";
+
+  ::setenv("COHORT_DECODE_TIMEOUT", "1.5", 1);
+  on_new_thread("COHORT_GDCM_HELPER_FAULT", "hang:stuck", [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      decode_dicom(jpegls, "scans/stuck.dcm");
+      ADD_FAILURE() << "the looping decoder returned";
+    } catch (const DecodeError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("scans/stuck.dcm: decoding took longer than 1.5 s"), std::string::npos)
+          << what;
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_GT(s, 1.4);
+    EXPECT_LT(s, 5.0);
+    EXPECT_EQ(decode_dicom(jpegls, "scans/c.dcm").data, want.data);
+  });
+  ::unsetenv("COHORT_DECODE_TIMEOUT");
+  EXPECT_EQ(helpers_running(), before);
+
+  // In the pipeline: the file whose decoder died is skipped and counted, the others train.
+  const std::string dir = ::testing::TempDir() + "/cohort-helper-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir + "/a");
+  for (int i = 0; i < 6; ++i) {
+    std::ofstream out(dir + "/a/" + (i == 3 ? std::string("fault-abort") : std::to_string(i)) +
+                          ".dcm",
+                      std::ios::binary);
+    out.write(reinterpret_cast<const char*>(jpegls.data()),
+              static_cast<std::streamsize>(jpegls.size()));
+  }
+  on_new_thread("COHORT_GDCM_HELPER_FAULT", "abort:fault-abort", [&] {
+    PipelineOptions o;
+    o.batch = 3;
+    o.size = 16;
+    o.shuffle = false;
+    Pipeline p(open_source(dir), o);
+    p.start_epoch(0);
+    Batch b;
+    int images = 0;
+    while (p.next(&b)) images += b.size;
+    EXPECT_EQ(images, 5);
+    EXPECT_EQ(p.stats().skipped, 1u);
+  });
+  EXPECT_EQ(helpers_running(), before) << "the pipeline's workers left helpers behind";
+  std::filesystem::remove_all(dir);
 }

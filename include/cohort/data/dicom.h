@@ -2,7 +2,9 @@
 // and the window (center/width) applied with the linear VOI function of DICOM PS3.3
 // C.11.2.1.2.1, from the file or from the configuration. Native little-endian pixel data is read
 // where it lies (GDCM parses the data set up to it); every other transfer syntax GDCM decodes
-// (JPEG, JPEG-LS, JPEG 2000, RLE, big endian) goes through GDCM's image reader. Either way the
+// (JPEG, JPEG-LS, JPEG 2000, big endian, deflated) goes through GDCM's image reader, in a helper
+// process per thread (cohort-gdcm, COHORT_GDCM_HELPER), so that GDCM aborting or looping on a
+// damaged file costs that file, named in a DecodeError, and not the process. Either way the
 // stored values go to the output through one lookup table per image.
 #pragma once
 
@@ -51,6 +53,10 @@ class DicomPixels {
  private:
   std::unique_ptr<StoredPixels> s_;
 };
+
+// The helper process's loop (cohort-gdcm's main): decodes what the callers send until they
+// close their end.
+int serve_gdcm_decoding();
 
 struct DicomWriteOptions {
   int bits_stored = 12;  // 8, 12 or 16
