@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "cohort/core/error.h"
@@ -115,10 +116,12 @@ class Helper {
     if (rc != 0) {
       ::close(sv[0]);
       ::close(err[0]);
-      COHORT_THROW_AS(DecodeError, name << ": cannot start the decoding helper " << path << ": "
-                                        << errno_string(rc)
-                                        << " (COHORT_GDCM_HELPER names another; 'off' decodes "
-                                           "in this process)");
+      // Not the file's fault, and every such file would fail alike: not a DecodeError (which
+      // the pipeline counts and skips), so that the run stops and says why.
+      throw std::runtime_error("cannot start the decoding helper " + path + " for " + name + ": " +
+                               errno_string(rc) +
+                               " (COHORT_GDCM_HELPER names another; 'off' decodes in this "
+                               "process)");
     }
     pid_ = pid;
     sock_ = sv[0];

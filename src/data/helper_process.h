@@ -27,7 +27,7 @@ struct HelperReply {
 
 // Sends (name, bytes) to this thread's helper, started from `path` at first use (and again after
 // one died), and waits at most timeout_s for the reply. Throws DecodeError naming `name` when
-// the helper cannot start, dies, or overruns (it is then killed).
+// the helper dies or overruns (it is then killed), std::runtime_error when it cannot start.
 HelperReply ask_helper(const std::string& path, const std::string& name,
                        std::span<const uint8_t> bytes, double timeout_s);
 
