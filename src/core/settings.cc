@@ -50,6 +50,12 @@ Settings Settings::read() {
     COHORT_THROW("COHORT_LOG='" << s.log << "': expected debug, info, warn or error");
   }
   s.alloc_cache = int_or("COHORT_ALLOC_CACHE", 1) != 0;
+  s.gdcm_helper = get("COHORT_GDCM_HELPER");
+  s.decode_timeout_s = double_or("COHORT_DECODE_TIMEOUT", s.decode_timeout_s);
+  if (s.decode_timeout_s <= 0) {
+    COHORT_THROW("COHORT_DECODE_TIMEOUT=" << s.decode_timeout_s << ": expected seconds above 0");
+  }
+  s.gdcm_helper_fault = get_or("COHORT_GDCM_HELPER_FAULT", "");
   return s;
 }
 

@@ -24,7 +24,7 @@
 #include <sstream>
 #include <streambuf>
 
-#include "cohort/core/env.h"
+#include "cohort/core/settings.h"
 #include "cohort/data/ops.h"
 #include "helper_process.h"
 
@@ -1336,10 +1336,11 @@ StoredPixels from_wire(HelperReply r, const std::string& name) {
 // (COHORT_GDCM_HELPER: its path, or "off" for this process), which dies in GDCM's place.
 // The native and RLE fast paths, our own code, stay here.
 StoredPixels decode_general(std::span<const uint8_t> bytes, const std::string& name) {
-  static const std::string helper = env::get_or("COHORT_GDCM_HELPER", COHORT_GDCM_HELPER_DEFAULT);
+  // Read when the thread first needs GDCM, as its helper starts.
+  thread_local const env::Settings settings = env::Settings::read();
+  const std::string helper = settings.gdcm_helper.value_or(COHORT_GDCM_HELPER_DEFAULT);
   if (helper == "off") return decode_with_gdcm(bytes, name);
-  const double timeout = std::stod(env::get_or("COHORT_DECODE_TIMEOUT", "60"));  // seconds
-  HelperReply r = ask_helper(helper, name, bytes, timeout);
+  HelperReply r = ask_helper(helper, name, bytes, settings.decode_timeout_s);
   if (!r.ok) COHORT_THROW_AS(DecodeError, r.head);
   return from_wire(std::move(r), name);
 }
@@ -1350,7 +1351,7 @@ int serve_gdcm_decoding() {
   quiet_gdcm();
   // Fault injection for the tests of what a dying decoder does to its caller:
   // "abort:TEXT" or "hang:TEXT" for a file whose name holds TEXT.
-  const std::string fault = env::get_or("COHORT_GDCM_HELPER_FAULT", "");
+  const std::string fault = env::Settings::read().gdcm_helper_fault;
   const size_t colon = fault.find(':');
   return serve_helper([&](std::span<const uint8_t> bytes, const std::string& name) {
     if (colon != std::string::npos && name.find(fault.substr(colon + 1)) != std::string::npos) {

@@ -60,12 +60,13 @@ TEST(Settings, TheReadmeTableListsExactlyTheVariablesRead) {
 
 TEST(Settings, MalformedValuesNameTheVariable) {
   const std::pair<const char*, const char*> bad[] = {
-      {"COHORT_TIMEOUT", "soon"},    {"COHORT_TCP_STREAMS", "0"},
-      {"COHORT_TCP_STREAMS", "two"}, {"COHORT_SHM_RING_BYTES", "4Q"},
-      {"COHORT_RING_SLICE", "big"},  {"COHORT_HIER_CHUNK", "-"},
-      {"COHORT_SPIN", "1.5"},        {"COHORT_CALLER_RUNS", "maybe"},
-      {"COHORT_UCX_CHUNK", "256 K"}, {"COHORT_UCX_CHUNKS", "x"},
-      {"COHORT_ALLOC_CACHE", "no"},  {"COHORT_LOG", "verbose"},
+      {"COHORT_TIMEOUT", "soon"},     {"COHORT_TCP_STREAMS", "0"},
+      {"COHORT_TCP_STREAMS", "two"},  {"COHORT_SHM_RING_BYTES", "4Q"},
+      {"COHORT_RING_SLICE", "big"},   {"COHORT_HIER_CHUNK", "-"},
+      {"COHORT_SPIN", "1.5"},         {"COHORT_CALLER_RUNS", "maybe"},
+      {"COHORT_UCX_CHUNK", "256 K"},  {"COHORT_UCX_CHUNKS", "x"},
+      {"COHORT_ALLOC_CACHE", "no"},   {"COHORT_LOG", "verbose"},
+      {"COHORT_DECODE_TIMEOUT", "0"}, {"COHORT_DECODE_TIMEOUT", "later"},
   };
   for (const auto& [name, value] : bad) {
     setenv(name, value, 1);

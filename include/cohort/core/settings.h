@@ -38,6 +38,12 @@ struct Settings {
   std::string log = "info";  // COHORT_LOG: debug | info | warn | error
   // tensor
   bool alloc_cache = true;  // COHORT_ALLOC_CACHE
+  // data
+  std::optional<std::string> gdcm_helper;  // COHORT_GDCM_HELPER: its path, or "off" (default:
+                                           // the cohort-gdcm built with the library)
+  double decode_timeout_s = 60;            // COHORT_DECODE_TIMEOUT: a helper's decode, at most
+  std::string gdcm_helper_fault;           // COHORT_GDCM_HELPER_FAULT: abort:TEXT | hang:TEXT
+                                           // (tests: a fault for files whose name holds TEXT)
 
   // Reads the environment now; a malformed value is an error naming the variable.
   static Settings read();
