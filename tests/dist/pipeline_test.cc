@@ -399,16 +399,22 @@ TEST(Pipeline, TwoStagesTimesTwoReplicasWithAccumulationEqualUnpipelined) {
   equals_unpipelined(k);
 }
 
-// ZeRO-1 over the replicas of each stage, with AdamW (state sharded) and clipping (the norm
-// summed over every stage's and replica's chunk), and SyncBatchNorm over the replicas.
-TEST(Pipeline, StageReplicasWithZero1AndSyncBnEqualUnpipelined) {
+// 2 stages x 2 replicas, each stage sharded over its replicas by `shard`, with AdamW (its state
+// sharded) and clipping (the norm summed over every stage's and replica's chunk).
+Case sharded_case(Shard shard) {
   Case k;
   k.replicas = 2;
   k.micro = 3;
-  k.shard = Shard::zero1;
+  k.shard = shard;
   k.optimizer = "adamw";
   k.lr = 1e-3f;
   k.clip = 0.05f;
+  return k;
+}
+
+// ZeRO-1 over the replicas of each stage, and SyncBatchNorm over the replicas.
+TEST(Pipeline, StageReplicasWithZero1AndSyncBnEqualUnpipelined) {
+  Case k = sharded_case(Shard::zero1);
   equals_unpipelined(k);
   k.replicas = 3;
   k.stages = 2;
@@ -427,15 +433,9 @@ TEST(Pipeline, StageReplicasWithZero1AndSyncBnEqualUnpipelined) {
 TEST(Pipeline, StageReplicasWithZero2AndZero3EqualUnpipelined) {
   for (Shard shard : {Shard::zero2, Shard::zero3})
     for (Schedule s : {Schedule::gpipe, Schedule::one_f_one_b}) {
-      Case k;
-      k.replicas = 2;
-      k.micro = 3;
+      Case k = sharded_case(shard);
       k.accum = 2;
       k.schedule = s;
-      k.shard = shard;
-      k.optimizer = "adamw";
-      k.lr = 1e-3f;
-      k.clip = 0.05f;
       equals_unpipelined(k);
     }
   Case k;
@@ -452,14 +452,10 @@ TEST(Pipeline, StageReplicasWithZero2AndZero3EqualUnpipelined) {
 // parameters as unpipelined training, clipping summing every piece once. Hosts that hold
 // different numbers of a stage's replicas are refused on every rank, naming both counts.
 TEST(Pipeline, HybridShardsAStageOnEachHostAndReducesAcrossHosts) {
-  Case k;
+  Case k = sharded_case(Shard::hybrid);
   k.replicas = 4;
   k.micro = 2;
-  k.shard = Shard::hybrid;
   k.ranks_per_host = 4;
-  k.optimizer = "adamw";
-  k.lr = 1e-3f;
-  k.clip = 0.05f;
   equals_unpipelined(k);
 
   RunOptions ro;
