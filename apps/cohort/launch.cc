@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -137,7 +138,8 @@ Run add_launch(CLI::App& app) {
                  "Seconds to wait for MIN nodes, or for node 0's store to answer");
   app.add_option("--master", o->master,
                  "HOST:PORT of node 0's rendezvous store (default 127.0.0.1 and a free port on "
-                 "one node; required with --nnodes > 1)");
+                 "one node; required with --nnodes > 1), or HOST:PORT,HOST:PORT,..: node i's "
+                 "at entry i, where a launcher started after a failover finds the job");
   app.add_option("--job-id", o->job_id,
                  "Shared secret of the job, the same on every node (default: random on one "
                  "node; COHORT_JOB_TOKEN)");
@@ -192,8 +194,18 @@ Run add_launch(CLI::App& app) {
       if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
     }
     RendezvousOptions ro;
-    ro.master =
-        o->master.empty() ? comm::Endpoint{"127.0.0.1", 0} : comm::parse_endpoint(o->master, 29500);
+    ro.master = comm::Endpoint{"127.0.0.1", 0};
+    if (!o->master.empty()) {
+      std::stringstream in(o->master);
+      std::string entry;
+      std::vector<comm::Endpoint> at;
+      while (std::getline(in, entry, ',')) at.push_back(comm::parse_endpoint(entry, 29500));
+      COHORT_CHECK(!at.empty() && static_cast<int>(at.size()) <= max_nodes,
+                   "--master '" << o->master << "': expected 1 to " << max_nodes
+                                << " HOST:PORT entries (one per node at most), got " << at.size());
+      ro.master = at.front();
+      ro.standbys.assign(at.begin() + 1, at.end());
+    }
     ro.token = token;
     ro.node_id = o->node_rank;
     ro.min_nodes = min_nodes;

@@ -10,6 +10,9 @@
 //   nodes           every launcher other than the leader's that ever came, comma-separated
 //   seen/<id>       node <id>'s launcher knows the job is over and leaves
 //   standby/<id>    "<host>:<port>" of node <id>'s standby store
+// And in every launcher's own store, agent or standby:
+//   leader          "<id> <host>:<port>": the node that leads, as this launcher knows it, and
+//                   its agent store (the active one names itself)
 #include "rendezvous.h"
 
 #include <algorithm>
@@ -78,14 +81,67 @@ Rendezvous::Rendezvous(RendezvousOptions o) : o_(std::move(o)) {
   if (!multi_node()) return;
   agents_at_ = o_.master;
   leader_ = o_.node_id == 0;
+  // Started after a failover: the job is elsewhere now (node 0 itself then joins as another).
+  if (auto found = find_leader()) {
+    std::fprintf(stderr,
+                 "cohort launch: node %d: the job's rendezvous is at node %d (%s) since a "
+                 "failover; joining it there\n",
+                 o_.node_id, found->first, found->second.str().c_str());
+    leader_ = false;
+    leader_id_ = found->first;
+    agents_at_ = found->second;
+  }
   if (leader_) {
     agents_ = std::make_unique<comm::StoreServer>(bind_host(), o_.master.port, o_.token);
     agents_at_.port = agents_->port();
   } else {
-    standby_ = std::make_unique<comm::StoreServer>(bind_host(), 0, o_.token);
-    standby_at_ = {
-        loopback(o_.master.host) ? o_.master.host : comm::local_address_towards(o_.master.host),
-        standby_->port()};
+    // Node i's standby at its --master entry, where later launchers look; else any port.
+    const size_t k = static_cast<size_t>(o_.node_id);
+    const comm::Endpoint* mine = k == 0                    ? &o_.master
+                                 : k <= o_.standbys.size() ? &o_.standbys[k - 1]
+                                                           : nullptr;
+    standby_ = std::make_unique<comm::StoreServer>(bind_host(), mine ? mine->port : 0, o_.token);
+    standby_at_ = {mine                       ? mine->host
+                   : loopback(o_.master.host) ? o_.master.host
+                                              : comm::local_address_towards(o_.master.host),
+                   standby_->port()};
+  }
+  publish_leader();
+}
+
+std::optional<std::pair<int, comm::Endpoint>> Rendezvous::find_leader() const {
+  std::vector<std::pair<int, comm::Endpoint>> entries;
+  for (size_t i = 0; i < o_.standbys.size(); ++i)
+    entries.push_back({static_cast<int>(i) + 1, o_.standbys[i]});
+  if (o_.node_id != 0 && !entries.empty()) entries.insert(entries.begin(), {0, o_.master});
+  for (const auto& [id, at] : entries) {
+    if (id == o_.node_id) continue;
+    try {
+      if (comm::probe_tcp(at, Millis(500)) != comm::Reach::open) continue;
+      comm::Store s(at, o_.token, Millis(2000));
+      const auto v = s.get_for("leader", Millis(0));
+      if (!v) continue;
+      std::stringstream in(*v);
+      int leader = -1;
+      std::string where;
+      in >> leader >> where;
+      // Only a store that names itself leads (a standby's word may be out of date); node 0
+      // leading is the ordinary case, at --master already.
+      if (leader == id && leader != 0) return std::make_pair(leader, at);
+    } catch (const Error&) {  // not there yet, another job's token, a name that does not resolve
+    }
+  }
+  return std::nullopt;
+}
+
+void Rendezvous::publish_leader() {
+  const comm::Endpoint own = leader_ ? agents_at_ : standby_at_;
+  try {
+    comm::Store s(own, o_.token, kCall);
+    s.set("leader", std::to_string(leader_id_) + " " + agents_at_.str());
+  } catch (const Error& e) {  // its own store: not expected to fail, and not worth a job
+    std::fprintf(stderr, "cohort launch: node %d: cannot write to its own store at %s: %s\n",
+                 o_.node_id, own.str().c_str(), e.message().c_str());
   }
 }
 
@@ -124,6 +180,7 @@ bool Rendezvous::fail_over() {
     leader_id_ = id;
     store_.reset();
     announced_ = false;
+    publish_leader();
     return true;
   }
   return false;
@@ -400,7 +457,7 @@ void Rendezvous::close_job(bool ok, const std::string& why) {
       return s.get_for("nodes", Millis(0)).value_or("");
     }));
     for (int id : known) {
-      if (id == 0) continue;
+      if (id == o_.node_id) continue;  // (a leader since a failover was once one of them)
       while (seconds_since(t0) < kLinger &&
              !with_store("waiting for the others to leave", 5, [&](comm::Store& s) {
                return s.get_for("seen/" + std::to_string(id), Millis(0)).has_value();

@@ -12,6 +12,12 @@
 // then hosts the rendezvous. A store that does not answer at all (a host down, or a link cut:
 // the two cannot be told apart without a third party) is waited for until the timeout, then
 // the job ends, naming it: taking over then could split the job in two.
+//
+// Finding the job later: with `--master` listing an address per node (node i's at entry i),
+// each launcher's standby store listens at its own entry, and every store (agent or standby)
+// says which node leads and where. A launcher that starts after a failover (node 0's host back,
+// or a new host) asks the others' entries first, and joins the job where it now is instead of
+// waiting on node 0's address or opening a job of its own.
 #pragma once
 
 #include <chrono>
@@ -28,8 +34,11 @@ namespace cohort::cli {
 
 struct RendezvousOptions {
   comm::Endpoint master;  // node 0's agent store (port 0 on one node: any free port)
-  std::string token;      // the job's
-  int node_id = 0;        // --node-rank: this launcher's lasting name; 0 hosts the store
+  // --master's further entries: node i's standby store listens at entry i - 1 (an ephemeral
+  // port where there is none), where a launcher started later looks for the job.
+  std::vector<comm::Endpoint> standbys;
+  std::string token;  // the job's
+  int node_id = 0;    // --node-rank: this launcher's lasting name; 0 hosts the store
   int min_nodes = 1, max_nodes = 1;
   double last_call = 5;  // seconds to wait for more than MIN
   double timeout = 300;  // seconds to wait for MIN, or to reach node 0's store
@@ -85,6 +94,11 @@ class Rendezvous {
   RendezvousOptions o_;
   // Whether the agent store's launcher is gone and another took over (or this one did).
   bool fail_over();
+  // A launcher that starts after a failover: the node that leads now and its store, as that
+  // store says of itself, asked at the other nodes' --master entries (nullopt: none does).
+  std::optional<std::pair<int, comm::Endpoint>> find_leader() const;
+  // Writes "leader" = "<id> <host:port>" into this launcher's own store (agent or standby).
+  void publish_leader();
   std::unique_ptr<comm::StoreServer> agents_;   // the leader's (node 0 until a failover)
   std::unique_ptr<comm::StoreServer> standby_;  // the others': the agent store after a failover
   std::unique_ptr<comm::StoreServer> ranks_;    // the leader: this generation's

@@ -202,6 +202,14 @@ TEST(Launch, BadArgumentsAreClearErrors) {
   auto r = sh(bin() + " launch --nproc-per-node 2 --nnodes 2 -- true");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--master"), std::string::npos) << r.out;
+  // An address per node at most: a third for two nodes is refused, naming the list.
+  r = sh(bin() +
+         " launch --nproc-per-node 1 --nnodes 1:2 --job-id x --master "
+         "127.0.0.1:29801,127.0.0.1:29802,127.0.0.1:29803 -- true");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("expected 1 to 2 HOST:PORT entries (one per node at most), got 3"),
+            std::string::npos)
+      << r.out;
   r = sh(bin() + " launch --nproc-per-node 1 -- /nonexistent/program");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("cannot run"), std::string::npos) << r.out;

@@ -17,6 +17,9 @@
 #  5. --nnodes 1:2: host 0's launcher, the rendezvous store's, is SIGKILLed for good and its
 #     folder removed: host 1 takes the store over and finishes alone as in 3, from the copy of
 #     host 0's files in its own folder.
+#  6. As 5, with --master listing both hosts, and host 0's launcher started again once host 1
+#     leads (its host came back): it finds the job at host 1 instead of opening one of its own,
+#     waits to be admitted, and leaves when the job ends, which host 1 finishes alone.
 # Every launcher must end by itself; none of their processes, namespaces or segments is left.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -49,8 +52,8 @@ launcher() {
   shift 4
   COHORT_HOST_ID=node$node COHORT_TIMEOUT=8 "$cluster" run "$node" --name "$name" -- \
     timeout 240 "$bin" launch --nproc-per-node 2 --nnodes "$nnodes" --node-rank "$node" \
-    --master "$master:$port" --job-id "$tag" --grace 2 --max-restarts 2 --rdzv-last-call 2 \
-    --rdzv-timeout 60 -- "$bin" "${train[@]}" "$@" >> "$dir/$tag.$node.log" 2>&1 &
+    --master "${masters:-$master:$port}" --job-id "$tag" --grace 2 --max-restarts 2 --rdzv-last-call 2 \
+    --rdzv-timeout 60 -- "$bin" "${train[@]}" "$@" >> "$dir/${log:-$tag}.$node.log" 2>&1 &
   pids[$node]=$!
 }
 # The launcher's pid (timeout's child) and one of its ranks.
@@ -171,6 +174,36 @@ finished_alone 1 0 lead "$dir/got5"
 grep -q "node 0's launcher is gone (its rendezvous store at .* refuses connections); this node hosts the rendezvous now" "$dir/lead.1.log" ||
   fail "host 1 did not take the rendezvous over: $(grep 'cohort launch' "$dir/lead.1.log")"
 echo "PASS: host 0 (the rendezvous store's) lost for good: host 1 took the store over and finished alone"
+# 6. Host 0's launcher killed, then started again once host 1 leads: it joins host 1's job.
+#    Longer than the others (6 epochs), so that the job is still on when host 0 comes back.
+masters="$master:29717,$("$cluster" addr 1 --name "$name"):29717"
+saved=("${train[@]}")
+[ "${train[5]}" = "--epochs" ] || fail "the test's train arguments moved: ${train[*]}"
+train[6]=6
+launcher 0 late 29717 1:2 --checkpoint-dir "$dir/ck6/host0" --checkpoint-every 3
+launcher 1 late 29717 1:2 --checkpoint-dir "$dir/ck6/host1" --checkpoint-every 3
+wait_checkpoint "$dir/ck6/host1"
+kill -9 "$(launcher_pid 0)"
+wait "${pids[0]}" 2>/dev/null
+rm -rf "$dir/ck6/host0"
+for _ in $(seq 1 600); do
+  grep -q "generation 1: nodes 1 (1 of 1..2, 2 ranks)" "$dir/late.1.log" && break
+  sleep 0.1
+done
+grep -q "generation 1: nodes 1 (1 of 1..2, 2 ranks)" "$dir/late.1.log" ||
+  fail "host 1 did not go on alone: $(grep 'cohort launch' "$dir/late.1.log")"
+log=late-back launcher 0 late 29717 1:2 --checkpoint-dir "$dir/ck6/host0" --checkpoint-every 3
+wait_both
+[ "${codes[*]}" = "0 0" ] || fail "host 0 back and host 1 exited ${codes[*]}: $(tail -5 "$dir"/late.*.log)"
+grep -q "node 0: the job's rendezvous is at node 1 (.*:29717) since a failover; joining it there" "$dir/late-back.0.log" ||
+  fail "host 0 did not find the job at host 1: $(cat "$dir/late-back.0.log")"
+grep -q "node 0: the job ended (ok) before a generation took this node" "$dir/late-back.0.log" ||
+  fail "host 0 did not wait in host 1's job: $(cat "$dir/late-back.0.log")"
+grep -q "\[rank" "$dir/late-back.0.log" && fail "host 0 started ranks of its own: $(head -5 "$dir/late-back.0.log")"
+grep -q "train: restart: generation 1 resumed at step" "$dir/late.1.log" || fail "host 1 did not resume"
+unset masters
+train=("${saved[@]}")
+echo "PASS: host 0 lost, then started again: it found the job at host 1 and waited there until the end"
 # 4. Host 1's launcher asked to stop (SIGTERM): the job stops on both hosts, without a restart.
 launcher 0 stop 29715 1:2 --checkpoint-dir "$dir/ck4/host0" --checkpoint-every 3
 launcher 1 stop 29715 1:2 --checkpoint-dir "$dir/ck4/host1" --checkpoint-every 3
@@ -184,4 +217,4 @@ grep -q "restart 1 of" "$dir"/stop.*.log && fail "a SIGTERM led to a restart"
 echo "PASS: host 1's launcher stopped by SIGTERM: the job stopped on both hosts"
 leftover=$(ls /dev/shm | grep '^cohort-' || true)
 [ -z "$leftover" ] || fail "shared-memory segments left: $leftover"
-echo "5 passed, 0 failed"
+echo "6 passed, 0 failed"
