@@ -17,6 +17,11 @@ optimizer state sharded, each rank steps its shard and broadcasts it), tuned wit
 parameters_as_bucket_view=True (one broadcast per bucket, not per parameter); its
 overlap_with_ddp needs NCCL (torch refuses it with gloo: "Gloo may hang"), so it is off. The
 model state (parameters, gradients, this rank's optimizer state) is reported in bytes.
+--timeline (a diagnostic run, never the measured one: it replaces DDP's built-in allreduce by a
+Python comm hook doing the same division and allreduce) records per timed step, in ms from the end
+of forward: when backward computed its last gradient, when each bucket was handed to the backend
+and when its allreduce completed, and when backward returned (bench/compare-torch-backend turns
+these into the link's busy rate and the exposed time that no backend could go below).
 Starts WORLD processes itself (or joins a job given RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, as in
 the emulated cluster) and prints one JSON line from rank 0."""
 import argparse
@@ -72,12 +77,39 @@ def worker(rank, world, port, a):
     else:
         opt = cls(net.parameters(), **kw)
     loss_fn = torch.nn.CrossEntropyLoss()
+    timeline, marks = [], {"buckets": [], "last_grad": 0.0}
+    if a.timeline and world > 1:
+        def hook(_, bucket):  # what DDP's built-in hook does, timed
+            ready = time.perf_counter()
+            buf = bucket.buffer().div_(world)
+
+            def done(f):
+                marks["buckets"].append((bucket.index(), buf.numel() * buf.element_size(), ready,
+                                         time.perf_counter()))
+                return f.value()[0]
+            return dist.all_reduce(buf, async_op=True).get_future().then(done)
+        net.register_comm_hook(None, hook)
+
+        def grad_done(g):
+            marks["last_grad"] = max(marks["last_grad"], time.perf_counter())
+        for p in model.parameters():
+            p.register_hook(grad_done)
 
     def step():
         opt.zero_grad(set_to_none=False)
         loss = loss_fn(net(x), y)
+        marks["buckets"].clear()
+        marks["last_grad"] = 0.0
+        t0 = time.perf_counter()
         loss.backward()
+        t1 = time.perf_counter()
         opt.step()
+        if a.timeline and world > 1 and marks["buckets"]:
+            ms = lambda t: round(1e3 * (t - t0), 2)  # noqa: E731
+            timeline.append({"last_grad_ms": ms(marks["last_grad"]), "backward_ms": ms(t1),
+                             "buckets": [{"index": i, "bytes": n, "ready_ms": ms(r),
+                                          "done_ms": ms(d)}
+                                         for i, n, r, d in sorted(marks["buckets"])]})
 
     def timed(n):
         ms = []
@@ -91,7 +123,9 @@ def worker(rank, world, port, a):
         step()
     if world > 1:
         dist.barrier()
+    timeline.clear()  # the warm-up's steps are not recorded
     ms = timed(a.steps)
+    recorded = list(timeline)
     mean = sum(ms) / len(ms)
     comm = 0.0
     if world > 1:
@@ -121,6 +155,7 @@ def worker(rank, world, port, a):
                           "ddp": {"gradient_as_bucket_view": True, "broadcast_buffers": False,
                                   "bucket_cap_mb": a.bucket_cap_mb,
                                   "backend": a.backend} if world > 1 else None,
+                          "timeline": recorded if a.timeline else None,
                           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                           **torch_env.describe()}), flush=True)
     if world > 1:
@@ -149,6 +184,8 @@ def main():
                     help="DDP's bucket size (its default 25)")
     ap.add_argument("--backend", choices=["gloo", "cohort"], default="gloo",
                     help="torch.distributed backend; cohort is Cohort's (python/)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="record when each bucket is ready and done (a diagnostic run)")
     ap.add_argument("--no-pin", dest="pin", action="store_false")
     a = ap.parse_args()
     if "RANK" in os.environ:
