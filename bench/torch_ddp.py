@@ -104,8 +104,9 @@ def worker(rank, world, port, a):
         loss.backward()
         t1 = time.perf_counter()
         opt.step()
-        if a.timeline and world > 1 and marks["buckets"]:
-            ms = lambda t: round(1e3 * (t - t0), 2)  # noqa: E731
+        if marks["buckets"]:  # only --timeline fills it, and never under no_sync()
+            def ms(t):
+                return round(1e3 * (t - t0), 2)
             timeline.append({"last_grad_ms": ms(marks["last_grad"]), "backward_ms": ms(t1),
                              "buckets": [{"index": i, "bytes": n, "ready_ms": ms(r),
                                           "done_ms": ms(d)}
@@ -125,7 +126,6 @@ def worker(rank, world, port, a):
         dist.barrier()
     timeline.clear()  # the warm-up's steps are not recorded
     ms = timed(a.steps)
-    recorded = list(timeline)
     mean = sum(ms) / len(ms)
     comm = 0.0
     if world > 1:
@@ -155,7 +155,7 @@ def worker(rank, world, port, a):
                           "ddp": {"gradient_as_bucket_view": True, "broadcast_buffers": False,
                                   "bucket_cap_mb": a.bucket_cap_mb,
                                   "backend": a.backend} if world > 1 else None,
-                          "timeline": recorded if a.timeline else None,
+                          "timeline": timeline if a.timeline else None,
                           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                           **torch_env.describe()}), flush=True)
     if world > 1:
