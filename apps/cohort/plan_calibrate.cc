@@ -1,6 +1,10 @@
 // `cohort plan --calibrate FILE`: measures this machine and writes a cluster file for it. Each
 // measurement runs this same binary (`cohort bench train`, `cohort bench comm` under `cohort
 // launch`, `make-dataset` and `bench data`) with its output in a log, and reads its JSON.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "cohort/core/error.h"
@@ -73,6 +78,71 @@ double copy_gbytes_per_s() {
   return best;
 }
 
+// CPU seconds (user and system, all threads) this process has used.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// CPU time per byte sent or received over TCP on loopback, in ns: a thread sends 512 MiB to
+// another through the kernel's TCP stack, and the process's CPU time (both threads, the kernel's
+// work on their behalf included) is divided by the bytes sent and received. A rank whose
+// collectives cross hosts over TCP pays about this per byte on its own cores.
+double tcp_cpu_ns_per_byte() {
+  auto fail = [](const char* what) {
+    COHORT_THROW("calibration step 'TCP on loopback': " << what << ": " << std::strerror(errno));
+  };
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  if (listener < 0) fail("socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(listener);
+    fail("bind on 127.0.0.1");
+  }
+  const int out = socket(AF_INET, SOCK_STREAM, 0);
+  if (out < 0 || connect(out, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(listener);
+    if (out >= 0) close(out);
+    fail("connect to 127.0.0.1");
+  }
+  const int in = accept(listener, nullptr, nullptr);
+  close(listener);
+  if (in < 0) {
+    close(out);
+    fail("accept");
+  }
+  const size_t chunk = size_t{1} << 20, total = size_t{512} << 20;
+  const double cpu0 = cpu_seconds();
+  std::thread sender([&] {
+    std::vector<char> buf(chunk, 1);
+    for (size_t sent = 0; sent < total;) {
+      const ssize_t n = send(out, buf.data(), std::min(chunk, total - sent), MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+  });
+  std::vector<char> buf(chunk);
+  size_t got = 0;
+  while (got < total) {
+    const ssize_t n = recv(in, buf.data(), chunk, 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  sender.join();
+  const double cpu = cpu_seconds() - cpu0;
+  close(in);
+  close(out);
+  COHORT_CHECK(got == total, "calibration step 'TCP on loopback': received " << got << " of "
+                                                                             << total << " bytes");
+  return cpu * 1e9 / (2.0 * static_cast<double>(total));
+}
+
 }  // namespace
 
 plan::Cluster calibrate_this_machine() {
@@ -84,7 +154,7 @@ plan::Cluster calibrate_this_machine() {
   c.accelerators_per_node = c.cpu_cores;
   c.accelerator.name = "one core of this machine";
 
-  std::printf("[1/4] compute: resnet18, 16 images of 128 px per step, one thread, 12 steps\n");
+  std::printf("[1/5] compute: resnet18, 16 images of 128 px per step, one thread, 12 steps\n");
   std::fflush(stdout);
   const nlohmann::json t =
       run("bench train",
@@ -105,7 +175,7 @@ plan::Cluster calibrate_this_machine() {
   c.accelerator.memory_efficiency = 0.6;
 
   std::printf("      %.1f images/s, step time spread %.1f%%\n", ips, 100 * c.step_jitter);
-  std::printf("[2/4] memory bandwidth of one core\n");
+  std::printf("[2/5] memory bandwidth of one core\n");
   std::fflush(stdout);
   c.accelerator.memory_gbs = copy_gbytes_per_s();
   c.accelerator.memory_gib = 0;
@@ -126,7 +196,7 @@ plan::Cluster calibrate_this_machine() {
               c.accelerator.memory_gbs, c.accelerator.f32_tflops * 1e3,
               c.accelerator.compute_efficiency);
 
-  std::printf("[3/4] shared memory between 2 ranks: allreduce of 8 bytes and of 64 MiB\n");
+  std::printf("[3/5] shared memory between 2 ranks: allreduce of 8 bytes and of 64 MiB\n");
   std::fflush(stdout);
   const std::string launch = "launch --nproc-per-node 2 -- '" + self() + "' bench comm ";
   const nlohmann::json small = run("bench comm 8 B",
@@ -141,9 +211,17 @@ plan::Cluster calibrate_this_machine() {
   c.intra.latency_us = small.at("rows").at(0).at("time_us").get<double>() / 2;
   c.intra.gbytes_per_s = large.at("rows").at(0).at("busbw").get<double>();
   c.intra.name = "shared memory (measured)";
+  // The shared-memory transport copies each byte a rank sends into a ring and each byte it
+  // receives out of one: a copy reads and writes the byte (copy_gbytes_per_s counts both).
+  c.intra.cpu_ns_per_byte = 2 / c.accelerator.memory_gbs;
   std::printf("      %.2f us per message, %.2f GB/s\n", c.intra.latency_us, c.intra.gbytes_per_s);
 
-  std::printf("[4/4] decoding: 200 JPEGs of 500x375, random-resized-crop to 224, one worker\n");
+  std::printf("[4/5] TCP on loopback: CPU time per byte sent or received\n");
+  std::fflush(stdout);
+  c.nic.cpu_ns_per_byte = tcp_cpu_ns_per_byte();
+  std::printf("      %.3f ns per byte\n", c.nic.cpu_ns_per_byte);
+
+  std::printf("[5/5] decoding: 200 JPEGs of 500x375, random-resized-crop to 224, one worker\n");
   std::fflush(stdout);
   run("make-dataset",
       "make-dataset scans --out '" + (w.dir / "jpeg").string() +

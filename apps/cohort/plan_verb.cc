@@ -60,6 +60,7 @@ nlohmann::json row_json(const plan::Prediction& r) {
           {"compute_ms", r.compute_ms},
           {"communication_ms", r.communication_ms},
           {"exposed_comm_ms", r.exposed_comm_ms},
+          {"comm_cpu_ms", r.comm_cpu_ms},
           {"straggler_ms", r.straggler_ms},
           {"data_wait_ms", r.data_wait_ms},
           {"images_per_s", r.images_per_s},
@@ -217,16 +218,17 @@ Run add_plan(CLI::App& app) {
         "%s, %s decoding\n\n",
         plan::mode_name(s.mode), s.bucket_mb, s.batch, s.accum, s.bf16 ? "bf16" : "f32",
         s.reduce_bf16 ? "bf16" : "f32", s.optimizer.c_str(), s.gpu_decode ? "GPU" : "CPU");
-    std::printf("%6s %6s %7s %9s %9s %9s %9s %9s %10s %6s  %s\n", "nodes", "world", "batch",
-                "step ms", "compute", "slowest", "exp.comm", "data wait", "images/s", "eff %",
-                "bound by");
+    std::printf("%6s %6s %7s %9s %9s %9s %9s %9s %9s %10s %6s  %s\n", "nodes", "world", "batch",
+                "step ms", "compute", "slowest", "comm cpu", "exp.comm", "data wait", "images/s",
+                "eff %", "bound by");
     std::vector<plan::Prediction> rows;
     for (int n : nodes) {
       const plan::Prediction r = plan::predict(p, c, s, n);
       rows.push_back(r);
-      std::printf("%6d %6d %7d %9.1f %9.1f %9.1f %9.1f %9.1f %10.0f %6.1f  %s\n", r.nodes, r.world,
-                  r.global_batch, r.step_ms, r.compute_ms, r.straggler_ms, r.exposed_comm_ms,
-                  r.data_wait_ms, r.images_per_s, 100 * r.efficiency, r.bottleneck.c_str());
+      std::printf("%6d %6d %7d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.0f %6.1f  %s\n", r.nodes,
+                  r.world, r.global_batch, r.step_ms, r.compute_ms, r.straggler_ms, r.comm_cpu_ms,
+                  r.exposed_comm_ms, r.data_wait_ms, r.images_per_s, 100 * r.efficiency,
+                  r.bottleneck.c_str());
     }
     const plan::Prediction& last = rows.back();
     const plan::Memory& m = last.memory;

@@ -77,8 +77,10 @@ Cluster cpu_host() {
   c.source = "measured on the 2-core AVX-512 development machine (docs/plan.md)";
   c.accelerators_per_node = 2;
   c.accelerator = {"one x86 core, AVX-512", 0.14, 0.14, 12, 10, 0.45, 0.6};
-  c.intra = {"shared memory", 5, 1};
-  c.nic = {"emulated 1 Gbit/s (tc tbf)", 0.125, 60};
+  // CPU time per byte a rank moves: a copy at about 30 GB/s of read and write traffic through
+  // shared memory, and TCP on loopback, both as --calibrate measured them (2026-12-05).
+  c.intra = {"shared memory", 5, 1, 0.07};
+  c.nic = {"emulated 1 Gbit/s (tc tbf)", 0.125, 60, 0.17};
   c.nics_per_node = 1;
   c.cpu_cores = 2;
   c.decode_per_core = 490;
@@ -121,9 +123,11 @@ const std::vector<Field>& fields() {
       txt("intra", [](Cluster& c) -> std::string& { return c.intra.name; }),
       num("intra_gbytes_per_s", [](Cluster& c) -> double& { return c.intra.gbytes_per_s; }),
       num("intra_latency_us", [](Cluster& c) -> double& { return c.intra.latency_us; }),
+      num("intra_cpu_ns_per_byte", [](Cluster& c) -> double& { return c.intra.cpu_ns_per_byte; }),
       txt("nic", [](Cluster& c) -> std::string& { return c.nic.name; }),
       num("nic_gbytes_per_s", [](Cluster& c) -> double& { return c.nic.gbytes_per_s; }),
       num("nic_latency_us", [](Cluster& c) -> double& { return c.nic.latency_us; }),
+      num("nic_cpu_ns_per_byte", [](Cluster& c) -> double& { return c.nic.cpu_ns_per_byte; }),
       num("decode_per_core", [](Cluster& c) -> double& { return c.decode_per_core; }),
       num("gpu_decode_per_accel", [](Cluster& c) -> double& { return c.gpu_decode_per_accel; }),
       num("reduce_gbytes_per_s", [](Cluster& c) -> double& { return c.reduce_gbytes_per_s; }),
@@ -190,6 +194,10 @@ void check(const Cluster& c, const std::string& where) {
   positive(c.cpu_cores, "cpu_cores");
   positive(c.decode_per_core, "decode_per_core");
   positive(c.reduce_gbytes_per_s, "reduce_gbytes_per_s");
+  COHORT_CHECK(c.intra.cpu_ns_per_byte >= 0 && c.nic.cpu_ns_per_byte >= 0,
+               where << ": intra_cpu_ns_per_byte " << c.intra.cpu_ns_per_byte
+                     << " and nic_cpu_ns_per_byte " << c.nic.cpu_ns_per_byte
+                     << ": CPU time per byte is >= 0");
   COHORT_CHECK(c.step_jitter >= 0 && c.step_jitter < 1 && c.step_overhead_ms >= 0,
                where << ": step_jitter is a fraction in [0, 1) and step_overhead_ms >= 0");
   COHORT_CHECK(c.accelerator.compute_efficiency <= 1 && c.accelerator.memory_efficiency <= 1,

@@ -107,7 +107,8 @@ std::string breakdown_svg(const std::vector<Prediction>& rows, const std::string
   };
   const Part parts[] = {{"compute", "#1f77b4", &Prediction::compute_ms},
                         {"slowest rank", "#7f7f7f", &Prediction::straggler_ms},
-                        {"exposed communication", "#ff7f0e", &Prediction::exposed_comm_ms},
+                        {"comm CPU work", "#bcbd22", &Prediction::comm_cpu_ms},
+                        {"exposed comm", "#ff7f0e", &Prediction::exposed_comm_ms},
                         {"data wait", "#d62728", &Prediction::data_wait_ms}};
   for (size_t i = 0; i < rows.size(); ++i) {
     double base = 0;

@@ -73,9 +73,11 @@ LayerTime layer_time(const Layer& l, const Accelerator& a, bool bf16, int batch)
 }
 
 // Links as the formulas see them: inside a node (per accelerator), and across nodes as one
-// rank's share of its node's NICs when every local rank sends at once.
+// rank's share of its node's NICs when every local rank sends at once; and the CPU time per byte
+// a rank moves over each (Link::cpu_ns_per_byte).
 struct Links {
   ab::Costs inside, across;
+  double inside_cpu = 0, across_cpu = 0;  // ms per byte sent or received
   int local = 1, nodes = 1;
 };
 
@@ -86,34 +88,63 @@ Links links_of(const Cluster& c, int nodes) {
   k.inside = ab::costs(c.intra.latency_us, c.intra.gbytes_per_s, c.reduce_gbytes_per_s);
   const double node_bw = c.nic.gbytes_per_s * c.nics_per_node;
   k.across = ab::costs(c.nic.latency_us, node_bw / k.local, c.reduce_gbytes_per_s);
+  k.inside_cpu = c.intra.cpu_ns_per_byte / 1e6;
+  k.across_cpu = c.nic.cpu_ns_per_byte / 1e6;
   return k;
 }
 
-// Collective times in ms over all ranks (hierarchical across nodes), `bytes` the whole buffer.
-double allreduce_ms(const Links& k, double bytes) {
-  if (k.nodes == 1) return ab::ring_allreduce(k.local, bytes, k.inside) / 1e3;
+// One collective: how long the link is busy, and the CPU time one rank spends moving its bytes.
+struct Cost {
+  double ms = 0, cpu_ms = 0;
+};
+
+// Bytes one rank sends and receives in a ring reduce-scatter or allgather of `bytes` over n
+// ranks; an allreduce moves twice as many.
+double ring_moved(int n, double bytes) {
+  return 2.0 * (n - 1) / n * bytes;
+}
+
+// Collectives over all ranks (hierarchical across nodes), `bytes` the whole buffer.
+Cost allreduce_cost(const Links& k, double bytes) {
+  if (k.nodes == 1) {
+    return {ab::ring_allreduce(k.local, bytes, k.inside) / 1e3,
+            2 * ring_moved(k.local, bytes) * k.inside_cpu};
+  }
   const double flat = ab::ring_allreduce(k.local * k.nodes, bytes, k.across);
   const double hier = ab::hierarchical_allreduce(k.local, k.nodes, bytes, k.inside, k.across);
-  return std::min(flat, hier) / 1e3;
+  if (hier <= flat) {
+    return {hier / 1e3, 2 * ring_moved(k.local, bytes) * k.inside_cpu +
+                            2 * ring_moved(k.nodes, bytes / k.local) * k.across_cpu};
+  }
+  // A flat ring ordered by node: one hop in `local` leaves the node.
+  const double moved = 2 * ring_moved(k.local * k.nodes, bytes);
+  return {flat / 1e3, moved * (k.across_cpu + (k.local - 1) * k.inside_cpu) / k.local};
 }
-double reduce_scatter_ms(const Links& k, double bytes) {
-  return (ab::ring_reduce_scatter(k.local, bytes, k.inside) +
-          ab::ring_reduce_scatter(k.nodes, bytes / k.local, k.across)) /
-         1e3;
+Cost reduce_scatter_cost(const Links& k, double bytes) {
+  return {(ab::ring_reduce_scatter(k.local, bytes, k.inside) +
+           ab::ring_reduce_scatter(k.nodes, bytes / k.local, k.across)) /
+              1e3,
+          ring_moved(k.local, bytes) * k.inside_cpu +
+              ring_moved(k.nodes, bytes / k.local) * k.across_cpu};
 }
-double allgather_ms(const Links& k, double bytes) {
-  return (ab::ring_allgather(k.local, bytes, k.inside) +
-          ab::ring_allgather(k.nodes, bytes / k.local, k.across)) /
-         1e3;
+Cost allgather_cost(const Links& k, double bytes) {
+  return {(ab::ring_allgather(k.local, bytes, k.inside) +
+           ab::ring_allgather(k.nodes, bytes / k.local, k.across)) /
+              1e3,
+          ring_moved(k.local, bytes) * k.inside_cpu +
+              ring_moved(k.nodes, bytes / k.local) * k.across_cpu};
 }
 // Hybrid: reduce-scatter inside the node, allreduce of the node's shard across nodes.
-double hybrid_reduce_ms(const Links& k, double bytes) {
-  return (ab::ring_reduce_scatter(k.local, bytes, k.inside) +
-          ab::ring_allreduce(k.nodes, bytes / k.local, k.across)) /
-         1e3;
+Cost hybrid_reduce_cost(const Links& k, double bytes) {
+  return {(ab::ring_reduce_scatter(k.local, bytes, k.inside) +
+           ab::ring_allreduce(k.nodes, bytes / k.local, k.across)) /
+              1e3,
+          ring_moved(k.local, bytes) * k.inside_cpu +
+              2 * ring_moved(k.nodes, bytes / k.local) * k.across_cpu};
 }
-double hybrid_gather_ms(const Links& k, double bytes) {
-  return ab::ring_allgather(k.local, bytes, k.inside) / 1e3;
+Cost hybrid_gather_cost(const Links& k, double bytes) {
+  return {ab::ring_allgather(k.local, bytes, k.inside) / 1e3,
+          ring_moved(k.local, bytes) * k.inside_cpu};
 }
 
 // One group of gradients that is reduced together: ready when backward has produced it.
@@ -122,16 +153,27 @@ struct Group {
   double ready = 0;  // ms after backward starts
 };
 
-// Runs reductions on one link in issue order (Cohort runs a communicator's calls one at a
-// time); returns when the last ends, and adds the busy time to `busy`.
-double run_link(const std::vector<Group>& groups, double start,
-                double (*cost)(const Links&, double), const Links& k, double* busy) {
-  double free = start;
-  for (const Group& g : groups) {
-    const double t = cost(k, g.bytes);
-    free = std::max(free, g.ready) + t;
-    *busy += t;
+// What a phase's communication adds up to: the link's busy time, and the CPU time it takes from
+// compute that runs until `until` (a collective's CPU work spread evenly over its time on the
+// link; the part after `until` falls while the rank only waits).
+struct Usage {
+  double until = 0;
+  double busy = 0, cpu = 0;
+  // The collective `c` on the link from `start`; returns when it ends.
+  double add(const Cost& c, double start) {
+    busy += c.ms;
+    const double end = start + c.ms;
+    if (c.ms > 0) cpu += c.cpu_ms * std::clamp((until - start) / c.ms, 0.0, 1.0);
+    return end;
   }
+};
+
+// Runs reductions on one link in issue order (Cohort runs a communicator's calls one at a
+// time); returns when the last ends.
+double run_link(const std::vector<Group>& groups, double start, Cost (*cost)(const Links&, double),
+                const Links& k, Usage* use) {
+  double free = start;
+  for (const Group& g : groups) free = use->add(cost(k, g.bytes), std::max(free, g.ready));
   return free;
 }
 
@@ -287,110 +329,129 @@ Prediction predict(const ModelProfile& p, const Cluster& c, const Strategy& s, i
                         (c.accelerator.memory_gbs * 1e6 * c.accelerator.memory_efficiency);
   const double micro = st.forward + st.backward;
 
-  // The communicating micro-batch: backward starts at 0; `end` is when its last reduction ends.
-  double busy = 0, exposed = 0;
-  auto reductions = [&]() {
-    double b = 0, end = 0;
-    if (single) return 0.0;
+  // Each phase that communicates: the link's busy time, the CPU time its transfers take from
+  // compute, and what neither compute nor that CPU time hides. A phase whose compute runs for
+  // `compute` ms (waits for the link included) and whose link is busy until `link_end` lasts
+  // max(compute + cpu, link_end): the transfers' CPU work stretches compute, and a link that
+  // ends later than both is exposed.
+  struct Phase {
+    double busy = 0, cpu = 0, exposed = 0;
+  };
+  auto phase = [](const Usage& u, double compute, double link_end, double alone) {
+    const double end = std::max(compute + u.cpu, link_end);
+    return Phase{u.busy, u.cpu, std::max(0.0, end - alone - u.cpu)};
+  };
+  // The communicating micro-batch's backward, from 0.
+  auto backward = [&]() -> Phase {
+    Usage u{st.backward};
     switch (s.mode) {
       case Mode::ddp:
-        end = run_link(st.buckets, 0, allreduce_ms, k, &b);
-        break;
+        return phase(u, st.backward, run_link(st.buckets, 0, allreduce_cost, k, &u), st.backward);
       case Mode::zero1:
       case Mode::zero2:
-        end = run_link(unit_groups(st, gb), 0, reduce_scatter_ms, k, &b);
-        break;
+        return phase(u, st.backward, run_link(unit_groups(st, gb), 0, reduce_scatter_cost, k, &u),
+                     st.backward);
+      case Mode::hybrid:
+        return phase(u, st.backward, run_link(unit_groups(st, gb), 0, hybrid_reduce_cost, k, &u),
+                     st.backward);
       case Mode::zero3: {
         // Backward in reverse unit order on one link, in issue order: a unit is gathered again
         // (when resharded after forward) before its backward, prefetched as the unit after it
         // starts, and reduce-scattered when its backward ends. Waits for gathers stretch the
-        // backward itself, and count as exposed.
+        // backward itself. Run twice: the first finds when compute ends (`until`).
         const size_t U = st.unit_params.size();
-        auto gather = [&](size_t i) {
-          return s.reshard_after_forward ? allgather_ms(k, st.unit_params[i] * 4) : 0.0;
+        auto run = [&](Usage* use, double* compute) {
+          auto gather = [&](size_t i) {
+            return s.reshard_after_forward ? allgather_cost(k, st.unit_params[i] * 4) : Cost{};
+          };
+          double free = use->add(gather(U - 1), 0), t = 0;
+          std::vector<double> ready(U, 0);
+          ready[U - 1] = free;
+          for (size_t i = U; i-- > 0;) {
+            const double start = std::max(t, ready[i]);
+            if (i > 0) ready[i - 1] = free = use->add(gather(i - 1), std::max(free, start));
+            t = start + st.unit_backward[i];
+            if (st.unit_params[i] > 0) {
+              free = use->add(reduce_scatter_cost(k, st.unit_params[i] * gb), std::max(free, t));
+            }
+          }
+          *compute = t;
+          return std::max(free, t);
         };
-        double free = gather(U - 1), t = 0;
-        b += free;
-        std::vector<double> ready(U, 0);
-        ready[U - 1] = free;
-        for (size_t i = U; i-- > 0;) {
-          const double start = std::max(t, ready[i]);
-          if (i > 0) {
-            const double g = gather(i - 1);
-            free = std::max(free, start) + g;
-            b += g;
-            ready[i - 1] = free;
-          }
-          t = start + st.unit_backward[i];
-          if (st.unit_params[i] > 0) {
-            const double rs = reduce_scatter_ms(k, st.unit_params[i] * gb);
-            free = std::max(free, t) + rs;
-            b += rs;
-          }
-        }
-        end = std::max(free, t);
-        break;
+        double t = 0;
+        Usage first{st.backward};
+        run(&first, &t);
+        u.until = t;
+        const double end = run(&u, &t);
+        return phase(u, t, end, st.backward);
       }
-      case Mode::hybrid:
-        end = run_link(unit_groups(st, gb), 0, hybrid_reduce_ms, k, &b);
-        break;
     }
-    busy += b;
-    return std::max(0.0, end - st.backward);
+    return {};
   };
-  const bool every_micro = s.mode != Mode::ddp && !(s.accum > 1 && s.accum_local);
-  exposed = reductions();
-  if (every_micro && s.accum > 1) {
-    busy *= s.accum;
-    exposed *= s.accum;
-  }
-  // After the update: zero1/2 (and hybrid, inside the node) issue every unit's gather at once
-  // and the next forward waits for each unit when it first reads it; zero3 gathers each unit
-  // before its forward, prefetched one ahead of the compute.
-  auto gathered_forward = [&](double (*cost)(const Links&, double)) {
-    double free = 0, t = 0;
-    for (size_t i = 0; i < st.unit_params.size(); ++i) {
-      free += cost(k, st.unit_params[i] * 4);
-      t = std::max(t, free) + st.unit_forward[i];
-    }
-    exposed += t - st.forward;
-    return free;
-  };
-  if (!single) {
-    double after = 0;
+  // The forward after the update: zero1/2 (and hybrid, inside the node) issue every unit's
+  // gather at once and the forward waits for each unit when it first reads it; zero3 gathers
+  // each unit before its forward, prefetched one ahead of the compute.
+  auto forward = [&]() -> Phase {
+    std::vector<double> done(st.unit_params.size());
+    std::vector<Cost> costs(done.size());
+    Cost (*cost)(const Links&, double) = nullptr;
     switch (s.mode) {
       case Mode::ddp:
-        break;
+        return {};
       case Mode::zero1:
       case Mode::zero2:
-        after = gathered_forward(allgather_ms);
+        cost = allgather_cost;
         break;
       case Mode::hybrid:
-        after = gathered_forward(hybrid_gather_ms);
+        cost = hybrid_gather_cost;
         break;
       case Mode::zero3: {
-        // Forward: unit 0 gathered first, each next one prefetched as the previous starts.
         const size_t U = st.unit_params.size();
-        double free = allgather_ms(k, st.unit_params[0] * 4), t = 0;
-        after = free;
-        double ready = free;
-        for (size_t i = 0; i < U; ++i) {
-          const double start = std::max(t, ready);
-          if (i + 1 < U) {
-            const double g = allgather_ms(k, st.unit_params[i + 1] * 4);
-            free = std::max(free, start) + g;
-            after += g;
-            ready = free;
+        auto run = [&](Usage* use, double* compute) {
+          double free = use->add(allgather_cost(k, st.unit_params[0] * 4), 0), t = 0;
+          double ready = free;
+          for (size_t i = 0; i < U; ++i) {
+            const double start = std::max(t, ready);
+            if (i + 1 < U) {
+              ready = free =
+                  use->add(allgather_cost(k, st.unit_params[i + 1] * 4), std::max(free, start));
+            }
+            t = start + st.unit_forward[i];
           }
-          t = start + st.unit_forward[i];
-        }
-        exposed += (t - st.forward) * s.accum;  // every micro-batch's forward gathers
-        after *= s.accum;
-        break;
+          *compute = t;
+          return std::max(free, t);
+        };
+        double t = 0;
+        Usage first{st.forward}, u;
+        run(&first, &t);
+        u.until = t;
+        const double end = run(&u, &t);
+        return phase(u, t, end, st.forward);
       }
     }
-    busy += after;
+    double free = 0, t = 0;
+    for (size_t i = 0; i < done.size(); ++i) {
+      costs[i] = cost(k, st.unit_params[i] * 4);
+      done[i] = free += costs[i].ms;
+      t = std::max(t, free) + st.unit_forward[i];
+    }
+    Usage u{t};
+    for (size_t i = 0; i < done.size(); ++i) u.add(costs[i], done[i] - costs[i].ms);
+    return phase(u, t, free, st.forward);
+  };
+  Phase back, fwd;
+  if (!single) {
+    back = backward();
+    fwd = forward();
   }
+  // Sharded modes reduce-scatter every micro-batch unless they accumulate locally; zero3
+  // gathers for every micro-batch's forward.
+  const bool every_micro = s.mode != Mode::ddp && !(s.accum > 1 && s.accum_local);
+  const double back_times = every_micro ? s.accum : 1;
+  const double fwd_times = s.mode == Mode::zero3 ? s.accum : 1;
+  const double busy = back.busy * back_times + fwd.busy * fwd_times;
+  const double exposed = back.exposed * back_times + fwd.exposed * fwd_times;
+  r.comm_cpu_ms = back.cpu * back_times + fwd.cpu * fwd_times;
   r.compute_ms = s.accum * micro + update + c.step_overhead_ms;
   r.communication_ms = busy;
   r.exposed_comm_ms = exposed;
@@ -398,7 +459,7 @@ Prediction predict(const ModelProfile& p, const Cluster& c, const Strategy& s, i
     r.straggler_ms =
         c.step_jitter * std::sqrt(2 * std::log(static_cast<double>(r.world))) * s.accum * micro;
   }
-  double step = r.compute_ms + r.straggler_ms + exposed;
+  double step = r.compute_ms + r.straggler_ms + r.comm_cpu_ms + exposed;
 
   // The input pipeline: what the node's accelerators consume against what it decodes.
   const int L = c.accelerators_per_node;
@@ -415,7 +476,7 @@ Prediction predict(const ModelProfile& p, const Cluster& c, const Strategy& s, i
   r.efficiency = r.images_per_s / (r.world * alone_images_per_s(p, c, s));
   if (r.data_wait_ms > std::max(r.exposed_comm_ms, 0.02 * step)) {
     r.bottleneck = "input pipeline";
-  } else if (r.exposed_comm_ms > 0.05 * step) {
+  } else if (r.exposed_comm_ms + r.comm_cpu_ms > 0.05 * step) {
     r.bottleneck = "network";
   } else {
     r.bottleneck = "compute";

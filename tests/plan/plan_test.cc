@@ -131,6 +131,10 @@ TEST(PlanCluster, FilesStartFromAPresetAndErrorsNameTheField) {
   const std::string zero = write_temp("z.json", R"({"base": "dgx-h100", "memory_gib": 0})");
   e = error_of([&] { plan::load_cluster(zero); });
   EXPECT_NE(e.find("memory_gib"), std::string::npos) << e;
+  const std::string negative =
+      write_temp("n.toml", "base = \"cpu-host\"\nnic_cpu_ns_per_byte = -0.2\n");
+  e = error_of([&] { plan::load_cluster(negative); });
+  EXPECT_NE(e.find("nic_cpu_ns_per_byte -0.2"), std::string::npos) << e;
   const std::string broken = write_temp("b.toml", "nodes = = 3\n");
   e = error_of([&] { plan::load_cluster(broken); });
   EXPECT_NE(e.find(broken), std::string::npos) << e;
@@ -176,8 +180,10 @@ TEST(PlanModel, ScalingIsSublinearAndBatchAndAccumulationRaiseEfficiency) {
     const plan::Prediction r = plan::predict(p, c, s, nodes);
     EXPECT_LT(r.efficiency, 1.0) << nodes;
     EXPECT_LE(r.efficiency, last + 1e-12) << nodes;
-    EXPECT_NEAR(r.step_ms, r.compute_ms + r.straggler_ms + r.exposed_comm_ms + r.data_wait_ms,
+    EXPECT_NEAR(r.step_ms,
+                r.compute_ms + r.straggler_ms + r.comm_cpu_ms + r.exposed_comm_ms + r.data_wait_ms,
                 1e-9);
+    EXPECT_EQ(r.comm_cpu_ms, 0) << "a GPU preset's host cores do not run the model";
     last = r.efficiency;
   }
   // Per-accelerator batch, then accumulation, raise efficiency at 16 nodes; memory grows with
@@ -255,6 +261,47 @@ TEST(PlanModel, SlowLinksMakeTheNetworkTheBottleneckAndDecodeNeedsCores) {
   EXPECT_GT(r.cores_per_accelerator_needed, 2);
   s.gpu_decode = true;
   EXPECT_EQ(plan::predict(p, c, s, 1).data_wait_ms, 0);
+}
+
+// Where the ranks' own cores move the bytes (CPU training over TCP or shared memory), the
+// transfers' CPU time stretches the compute they overlap, and only that part: what runs while a
+// rank waits costs it nothing.
+TEST(PlanModel, CommunicationsCpuWorkSlowsTheComputeItOverlaps) {
+  const plan::ModelProfile p = plan::builtin_profile("resnet18", 128);
+  plan::Cluster c = plan::preset_cluster("cpu-host");
+  c.accelerators_per_node = 1;
+  c.nic.cpu_ns_per_byte = 0;
+  c.intra.cpu_ns_per_byte = 0;
+  plan::Strategy s;
+  s.batch = 16;
+  s.bf16 = false;
+  s.mode = plan::Mode::zero1;
+  c.nic.gbytes_per_s = 10;  // fast enough that every transfer overlaps compute
+  const plan::Prediction free = plan::predict(p, c, s, 2);
+  EXPECT_EQ(free.comm_cpu_ms, 0);
+  c.nic.cpu_ns_per_byte = 0.5;
+  const plan::Prediction paid = plan::predict(p, c, s, 2);
+  // zero1 over 2 ranks: each reduce-scatters and gathers every gradient and parameter once,
+  // sending half of each and receiving the other half: 2 x 4 bytes per parameter moved.
+  const double all = 8.0 * static_cast<double>(p.parameters()) * 0.5 / 1e6;
+  EXPECT_GT(paid.comm_cpu_ms, 0.9 * all);
+  EXPECT_LE(paid.comm_cpu_ms, all * (1 + 1e-9));
+  EXPECT_NEAR(paid.step_ms - free.step_ms, paid.comm_cpu_ms, 0.1 * paid.comm_cpu_ms);
+  EXPECT_NEAR(paid.step_ms,
+              paid.compute_ms + paid.straggler_ms + paid.comm_cpu_ms + paid.exposed_comm_ms +
+                  paid.data_wait_ms,
+              1e-9);
+  // DDP over a slow link (100 Mbit/s): most of the allreduce runs after backward, while the
+  // rank waits, so it costs compute little of its CPU time; the link's time is exposed instead.
+  s.mode = plan::Mode::ddp;
+  c.nic.gbytes_per_s = 0.0125;
+  const plan::Prediction slow = plan::predict(p, c, s, 2);
+  const double ddp_all = 2 * 4.0 * static_cast<double>(p.parameters()) * 0.5 / 1e6;
+  EXPECT_LT(slow.comm_cpu_ms, 0.5 * ddp_all);
+  EXPECT_GT(slow.exposed_comm_ms, slow.comm_cpu_ms);
+  // The same prediction whatever the link's CPU cost, where the link is no CPU's.
+  const plan::Cluster gpu = plan::preset_cluster("dgx-a100");
+  EXPECT_EQ(plan::predict(p, gpu, s, 4).comm_cpu_ms, 0);
 }
 
 TEST(PlanCli, TableJsonAndPlots) {
@@ -342,6 +389,10 @@ TEST(PlanCli, CalibrateWritesAClusterOfThisMachine) {
   EXPECT_GT(c.intra.gbytes_per_s, 0.1);
   EXPECT_GT(c.intra.latency_us, 0);
   EXPECT_GT(c.decode_per_core, 10);
+  // Moving a byte costs some CPU time, and less than a microsecond.
+  EXPECT_GT(c.intra.cpu_ns_per_byte, 0);
+  EXPECT_GT(c.nic.cpu_ns_per_byte, 0.001);
+  EXPECT_LT(c.nic.cpu_ns_per_byte, 1000);
   // The calibrated cluster predicts resnet18 at about the rate it measured.
   plan::Strategy s;
   s.batch = 16;

@@ -80,6 +80,11 @@ struct Link {
   std::string name;
   double gbytes_per_s = 0;  // per direction
   double latency_us = 0;    // per message
+  // CPU time the ranks' own cores spend per byte a rank sends or receives over this link: the
+  // copies of a shared-memory transport, a TCP stack. While compute runs, it is taken from
+  // compute. 0 where the link moves data with engines of its own (NVLink, RDMA NICs, and the
+  // GPU presets, whose host cores do not run the model).
+  double cpu_ns_per_byte = 0;
 };
 
 struct Cluster {
@@ -148,8 +153,10 @@ struct Prediction {
   double compute_ms = 0;        // forward + backward + update, all micro-batches
   double communication_ms = 0;  // time the link is busy
   double exposed_comm_ms = 0;   // what compute does not hide
-  double straggler_ms = 0;      // waiting for the slowest rank (step_jitter)
-  double data_wait_ms = 0;      // what the input pipeline adds
+  // Compute slowed by communication's own CPU work (Link::cpu_ns_per_byte) while they overlap.
+  double comm_cpu_ms = 0;
+  double straggler_ms = 0;  // waiting for the slowest rank (step_jitter)
+  double data_wait_ms = 0;  // what the input pipeline adds
   double step_ms = 0;
   double images_per_s = 0;
   double efficiency = 1;               // images/s over world times one accelerator's, alone
