@@ -134,6 +134,14 @@ std::string pass_bytes(comm::Communicator& w, int from, int to, const std::strin
   return got;
 }
 
+// What a failed checkpoint leaves, for its error: the previous one, where the folder still has
+// an index (a folder that vanished, or was emptied, keeps nothing).
+std::string what_is_kept(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(checkpoint_index(dir), ec)) return dir + " keeps the previous checkpoint";
+  return dir + " holds no checkpoint any more (the folder or its index is gone)";
+}
+
 // Rank `root`'s bytes on every rank.
 std::string broadcast_bytes(comm::Communicator& w, int root, std::string bytes) {
   int64_t n = static_cast<int64_t>(bytes.size());
@@ -302,8 +310,7 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
     if (all[2 * static_cast<size_t>(r)] < 0) {
       COHORT_THROW("checkpoint at step "
                    << pos.step << ": rank " << r << " could not write its shard"
-                   << (r == rank ? ": " + error : std::string()) << "; " << dir
-                   << " keeps the previous checkpoint");
+                   << (r == rank ? ": " + error : std::string()) << "; " << what_is_kept(dir));
     }
   }
 
@@ -349,7 +356,7 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
                      << pos.step << ": "
                      << (copy_error.empty() ? "a copy on another host failed (see its rank's log)"
                                             : copy_error)
-                     << "; " << dir << " keeps the previous checkpoint");
+                     << "; " << what_is_kept(dir));
   }
 
   std::string index_text;
@@ -384,8 +391,13 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
   // The first rank of each host writes the index there, last (a host that neither wrote nor
   // kept a file gets the index alone; a restart fetches the files, see share_checkpoint).
   if (host[static_cast<size_t>(rank)] == rank) {
-    fs::create_directories(dir);
-    nn::write_file_atomically(checkpoint_index(dir), {{index_text.data(), index_text.size()}});
+    try {
+      fs::create_directories(dir);
+      nn::write_file_atomically(checkpoint_index(dir), {{index_text.data(), index_text.size()}});
+    } catch (const std::exception& e) {
+      COHORT_THROW("checkpoint at step " << pos.step << ": writing its index: " << e.what() << "; "
+                                         << what_is_kept(dir));
+    }
     // The index names the new files: the older ones (and any a crash left half-written) go.
     // On a file system the hosts share, their first ranks may be removing the same ones.
     std::error_code ec;

@@ -68,6 +68,37 @@ TEST(Store, WrongTokenIsRefused) {
   }
 }
 
+// A client with a wrong token, and one that sends garbage, are dropped and logged; neither the
+// job's token nor the one a client tried appears in the log.
+TEST(Store, RefusedClientsAreLoggedWithoutAnyToken) {
+  testing::internal::CaptureStderr();
+  {
+    StoreServer server("127.0.0.1", 0, "job-secret-7f3a");
+    EXPECT_THROW(
+        {
+          Store s(Endpoint{"127.0.0.1", server.port()}, "guess-9c1e", milliseconds(1000));
+          s.set("k", "v");
+        },
+        cohort::CommError);
+    auto deadline = cohort::Clock::now() + milliseconds(2000);
+    Socket raw = connect_tcp(Endpoint{"127.0.0.1", server.port()}, deadline, "store");
+    const uint32_t len = 6;
+    std::string junk(reinterpret_cast<const char*>(&len), 4);
+    junk += "\xff\xfe\xfd\xfc\xfb\xfa";
+    raw.write_all(junk.data(), junk.size(), deadline, "store");
+    char c;
+    EXPECT_THROW(raw.read_all(&c, 1, deadline, "store"), cohort::CommError);  // closed by server
+    Store s(Endpoint{"127.0.0.1", server.port()}, "job-secret-7f3a", milliseconds(1000));
+    s.set("alive", "yes");
+    EXPECT_EQ(s.get("alive"), "yes");
+  }
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("dropping a connection without this job's token"), std::string::npos) << log;
+  EXPECT_NE(log.find("store: dropping a client"), std::string::npos) << log;
+  EXPECT_EQ(log.find("job-secret-7f3a"), std::string::npos) << log;
+  EXPECT_EQ(log.find("guess-9c1e"), std::string::npos) << log;
+}
+
 TEST(Store, MalformedAndOversizedFramesCloseOnlyThatConnection) {
   StoreServer server("127.0.0.1", 0, "tok");
   auto deadline = cohort::Clock::now() + milliseconds(2000);
