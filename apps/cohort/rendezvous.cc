@@ -153,16 +153,31 @@ bool Rendezvous::fail_over() {
       return comm::Reach::silent;
     }
   };
-  if (leader_ || !standby_ || reach(agents_at_) != comm::Reach::refused) return false;
+  if (leader_ || !standby_) return false;
+  const comm::Reach leader_reach = reach(agents_at_);
+  if (leader_reach == comm::Reach::open) return false;
   std::vector<int> candidates = last_members_;
+  std::string why = "its rendezvous store at " + agents_at_.str() + " refuses connections";
+  if (leader_reach == comm::Reach::silent) {
+    // Silence: a dead host or a cut link, which no node can tell apart alone. The leader is
+    // replaced only by a majority of the last generation's nodes that all lose it and reach each
+    // other; the leader, cut off, finds itself in the minority and stops (see join). With 2
+    // nodes no majority exists without the leader.
+    candidates = lost_leader_too();
+    if (candidates.size() * 2 <= last_members_.size()) return false;
+    why = "its rendezvous store at " + agents_at_.str() + " is silent, and " +
+          std::to_string(candidates.size()) + " of the last generation's " +
+          std::to_string(last_members_.size()) + " nodes (" + join_ids(candidates) +
+          ") cannot reach it: a majority";
+  }
   std::sort(candidates.begin(), candidates.end());
   for (int id : candidates) {
     if (id == leader_id_) continue;
     if (id == o_.node_id) {
       std::fprintf(stderr,
-                   "cohort launch: node %d: node %d's launcher is gone (its rendezvous store at "
-                   "%s refuses connections); this node hosts the rendezvous now, at %s\n",
-                   o_.node_id, leader_id_, agents_at_.str().c_str(), standby_at_.str().c_str());
+                   "cohort launch: node %d: node %d's launcher is gone (%s); this node hosts the "
+                   "rendezvous now, at %s\n",
+                   o_.node_id, leader_id_, why.c_str(), standby_at_.str().c_str());
       agents_ = std::move(standby_);
       agents_at_ = standby_at_;
     } else {
@@ -171,9 +186,9 @@ bool Rendezvous::fail_over() {
         continue;  // gone too, or never published one
       }
       std::fprintf(stderr,
-                   "cohort launch: node %d: node %d's launcher is gone (its rendezvous store at "
-                   "%s refuses connections); node %d hosts the rendezvous now, at %s\n",
-                   o_.node_id, leader_id_, agents_at_.str().c_str(), id, it->second.str().c_str());
+                   "cohort launch: node %d: node %d's launcher is gone (%s); node %d hosts the "
+                   "rendezvous now, at %s\n",
+                   o_.node_id, leader_id_, why.c_str(), id, it->second.str().c_str());
       agents_at_ = it->second;
     }
     leader_ = id == o_.node_id;
@@ -184,6 +199,32 @@ bool Rendezvous::fail_over() {
     return true;
   }
   return false;
+}
+
+// This node's vote that the leader is lost, in its own standby store, and the nodes of the last
+// generation whose standby stores answer and hold the same vote (this one included).
+std::vector<int> Rendezvous::lost_leader_too() {
+  const std::string key = "lost/" + std::to_string(leader_id_);
+  std::vector<int> agree;
+  try {
+    comm::Store own(standby_at_, o_.token, kCall);
+    own.set(key, "1");
+    agree.push_back(o_.node_id);
+  } catch (const Error&) {  // its own store: not expected to fail; then it has no vote
+    return agree;
+  }
+  for (int id : last_members_) {
+    if (id == o_.node_id || id == leader_id_) continue;
+    auto it = standbys_.find(id);
+    if (it == standbys_.end()) continue;
+    try {
+      if (comm::probe_tcp(it->second, Millis(500)) != comm::Reach::open) continue;
+      comm::Store peer(it->second, o_.token, Millis(2000));
+      if (peer.get_for(key, Millis(0))) agree.push_back(id);
+    } catch (const Error&) {  // unreachable from here: no vote this node can count
+    }
+  }
+  return agree;
 }
 
 Rendezvous::~Rendezvous() = default;
@@ -265,6 +306,23 @@ std::optional<Generation> Rendezvous::join(int number) {
           return s.get_for(key + "joined", Millis(0)).value_or("");
         }));
         const int n = static_cast<int>(ids.size());
+        // After a generation of 3 or more nodes, only a majority of them goes on: a leader cut
+        // off from the others must not train on beside the new leader they chose (fail_over).
+        const bool minority =
+            last_members_.size() >= 3 && static_cast<size_t>(n) * 2 <= last_members_.size();
+        if (minority && seconds_since(started) > o_.timeout) {
+          COHORT_THROW("cohort launch: generation "
+                       << number << ": this node (" << o_.node_id << ") leads, but only " << n
+                       << " of the last generation's " << last_members_.size() << " nodes ("
+                       << join_ids(last_members_) << ") joined within " << o_.timeout
+                       << " s (node ids " << join_ids(ids)
+                       << "): a minority does not go on, since the others may have chosen "
+                          "another leader");
+        }
+        if (minority) {
+          nap();
+          continue;
+        }
         if (n >= o_.max_nodes) break;
         if (n >= o_.min_nodes && !have_min) have_min = true, min_at = Clock::now();
         if (have_min && seconds_since(min_at) >= o_.last_call) break;

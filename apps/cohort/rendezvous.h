@@ -10,8 +10,13 @@
 // the agent store's port refuses connections (its host answers, its launcher is gone, and its
 // ranks with it), the launchers move to the lowest surviving node of the last generation, which
 // then hosts the rendezvous. A store that does not answer at all (a host down, or a link cut:
-// the two cannot be told apart without a third party) is waited for until the timeout, then
-// the job ends, naming it: taking over then could split the job in two.
+// no node alone can tell the two apart) is replaced only by a majority: each launcher that loses
+// it votes in its own standby store, and once more than half of the last generation's nodes
+// have voted and reach each other, the lowest of them hosts the rendezvous. The old leader, if
+// it lives on cut off, finds only a minority joining its next generation and stops at the
+// timeout, naming them, so that the job never splits in two. A job of 2 nodes has no majority
+// without its leader: its other node waits for the store until the timeout, then ends, naming
+// it, while the leader goes on alone.
 //
 // Finding the job later: with `--master` listing an address per node (node i's at entry i),
 // each launcher's standby store listens at its own entry, and every store (agent or standby)
@@ -94,6 +99,8 @@ class Rendezvous {
   RendezvousOptions o_;
   // Whether the agent store's launcher is gone and another took over (or this one did).
   bool fail_over();
+  // Votes that the leader is lost and returns the last generation's nodes that voted so too.
+  std::vector<int> lost_leader_too();
   // A launcher that starts after a failover: the node that leads now and its store, as that
   // store says of itself, asked at the other nodes' --master entries (nullopt: none does).
   std::optional<std::pair<int, comm::Endpoint>> find_leader() const;
