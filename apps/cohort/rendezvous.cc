@@ -13,6 +13,8 @@
 // And in every launcher's own store, agent or standby:
 //   leader          "<id> <host>:<port>": the node that leads, as this launcher knows it, and
 //                   its agent store (the active one names itself)
+//   lost/<id>       "<generation>": this launcher's vote that node <id>'s store is silent, cast
+//                   in that generation (an older vote does not count)
 #include "rendezvous.h"
 
 #include <algorithm>
@@ -205,10 +207,11 @@ bool Rendezvous::fail_over() {
 // generation whose standby stores answer and hold the same vote (this one included).
 std::vector<int> Rendezvous::lost_leader_too() {
   const std::string key = "lost/" + std::to_string(leader_id_);
+  const std::string vote = std::to_string(last_generation_);
   std::vector<int> agree;
   try {
     comm::Store own(standby_at_, o_.token, kCall);
-    own.set(key, "1");
+    own.set(key, vote);
     agree.push_back(o_.node_id);
   } catch (const Error&) {  // its own store: not expected to fail; then it has no vote
     return agree;
@@ -220,7 +223,7 @@ std::vector<int> Rendezvous::lost_leader_too() {
     try {
       if (comm::probe_tcp(it->second, Millis(500)) != comm::Reach::open) continue;
       comm::Store peer(it->second, o_.token, Millis(2000));
-      if (peer.get_for(key, Millis(0))) agree.push_back(id);
+      if (peer.get_for(key, Millis(0)) == vote) agree.push_back(id);
     } catch (const Error&) {  // unreachable from here: no vote this node can count
     }
   }
@@ -340,6 +343,7 @@ std::optional<Generation> Rendezvous::join(int number) {
       g.number = number;
       g.members = ids;
       last_members_ = ids;
+      last_generation_ = number;
       if (first_nodes_ == 0) first_nodes_ = static_cast<int>(ids.size());
       g.first_nodes = first_nodes_;
       g.token = token_of(number);
@@ -413,6 +417,7 @@ std::optional<Generation> Rendezvous::join(int number) {
     g.store = {agents_at_.host, static_cast<uint16_t>(port)};
     g.torch_port = static_cast<uint16_t>(torch);
     last_members_ = g.members;
+    last_generation_ = number;
     first_nodes_ = g.first_nodes;
     // The others' standby stores, for a failover (a failure to read them is not one).
     try {

@@ -116,6 +116,7 @@ class Rendezvous {
   int leader_id_ = 0;
   std::map<int, comm::Endpoint> standbys_;  // node id -> its standby store, from the agent store
   std::vector<int> last_members_;           // the last generation's nodes
+  int last_generation_ = -1;                // and its number
   std::string ended_;
   int first_nodes_ = 0;     // the first generation's size
   bool announced_ = false;  // this launcher is in the job's list of nodes
