@@ -126,6 +126,7 @@ double tcp_cpu_ns_per_byte() {
       if (n <= 0) break;
       sent += static_cast<size_t>(n);
     }
+    shutdown(out, SHUT_WR);  // a sender that stopped early ends the receiver's loop too
   });
   std::vector<char> buf(chunk);
   size_t got = 0;

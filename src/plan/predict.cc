@@ -120,19 +120,18 @@ Cost allreduce_cost(const Links& k, double bytes) {
   const double moved = 2 * ring_moved(k.local * k.nodes, bytes);
   return {flat / 1e3, moved * (k.across_cpu + (k.local - 1) * k.inside_cpu) / k.local};
 }
-Cost reduce_scatter_cost(const Links& k, double bytes) {
-  return {(ab::ring_reduce_scatter(k.local, bytes, k.inside) +
-           ab::ring_reduce_scatter(k.nodes, bytes / k.local, k.across)) /
-              1e3,
+// A reduce-scatter or an allgather (`ring`): a ring inside the node, then one across nodes on
+// each node's share.
+Cost two_level(const Links& k, double bytes, double (*ring)(int, double, ab::Costs)) {
+  return {(ring(k.local, bytes, k.inside) + ring(k.nodes, bytes / k.local, k.across)) / 1e3,
           ring_moved(k.local, bytes) * k.inside_cpu +
               ring_moved(k.nodes, bytes / k.local) * k.across_cpu};
 }
+Cost reduce_scatter_cost(const Links& k, double bytes) {
+  return two_level(k, bytes, ab::ring_reduce_scatter);
+}
 Cost allgather_cost(const Links& k, double bytes) {
-  return {(ab::ring_allgather(k.local, bytes, k.inside) +
-           ab::ring_allgather(k.nodes, bytes / k.local, k.across)) /
-              1e3,
-          ring_moved(k.local, bytes) * k.inside_cpu +
-              ring_moved(k.nodes, bytes / k.local) * k.across_cpu};
+  return two_level(k, bytes, ab::ring_allgather);
 }
 // Hybrid: reduce-scatter inside the node, allreduce of the node's shard across nodes.
 Cost hybrid_reduce_cost(const Links& k, double bytes) {
