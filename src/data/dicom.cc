@@ -775,12 +775,19 @@ std::string repaired_for_gdcm(gdcm::File& whole, const std::string& name) {
   const std::string code_value = element_string(read, code);
   const bool bad_code = read.FindDataElement(code) && !read.GetDataElement(code).IsEmpty() &&
                         code_value.rfind("ACR-NEMA", 0) != 0 && code_value.rfind("ACRNEMA", 0) != 0;
-  if (!short_grid && !no_frames && !extras && !bad_code) return {};
+  // A Rescale Intercept without a Rescale Slope, or with an empty one (DICOM has them together):
+  // GDCM 3.0.21 then takes the slope of an MR image as 0 and asserts that it is not (a
+  // 10-minute fuzz_image campaign). The slope of 1 that DICOM's absence means is written in, as
+  // the native path reads it.
+  const gdcm::Tag intercept_tag(0x0028, 0x1052), slope_tag(0x0028, 0x1053);
+  const bool no_slope =
+      read.FindDataElement(intercept_tag) &&
+      (!read.FindDataElement(slope_tag) || read.GetDataElement(slope_tag).IsEmpty());
+  if (!short_grid && !no_frames && !extras && !bad_code && !no_slope) return {};
   auto cannot = [&]() {
-    COHORT_THROW_AS(
-        DecodeError,
-        name << ": its frame geometry, overlays, curves or Recognition Code, which GDCM's "
-                "image reader cannot take, cannot be removed");
+    COHORT_THROW_AS(DecodeError, name << ": its frame geometry, overlays, curves, Recognition "
+                                         "Code or missing Rescale Slope, which GDCM's image "
+                                         "reader cannot take, cannot be repaired");
   };
   gdcm::DataSet& ds = whole.GetDataSet();
   std::vector<gdcm::Tag> drop;
@@ -798,6 +805,13 @@ std::string repaired_for_gdcm(gdcm::File& whole, const std::string& name) {
       de.SetByteValue("1 ", 2);
       ds.Insert(de);
     }
+  }
+  if (no_slope) {
+    ds.Remove(slope_tag);
+    gdcm::DataElement de(slope_tag);
+    de.SetVR(gdcm::VR::DS);
+    de.SetByteValue("1 ", 2);
+    ds.Insert(de);
   }
   std::ostringstream out;
   gdcm::Writer writer;
