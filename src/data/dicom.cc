@@ -986,6 +986,13 @@ void check_pixel_module(const gdcm::DataSet& ds, const std::string& name) {
     refuse("High Bit (0028,0102) " + std::to_string(*high) + " is not below Bits Stored " +
            std::to_string(*stored));
   }
+  // A High Bit at or beyond the bits allocated, which Bits Stored, when missing, cannot catch:
+  // GDCM then takes a sample type it has not and asserts (fuzz_image: 1 bit allocated, signed,
+  // High Bit 15, no Bits Stored).
+  if (high && *high >= *allocated) {
+    refuse("High Bit (0028,0102) " + std::to_string(*high) + " is not below Bits Allocated " +
+           std::to_string(*allocated));
+  }
   // The image reader allocates every frame (see kMaxDecodedBytes).
   const double frames =
       std::max(1.0, first_number(element_string(ds, gdcm::Tag(0x0028, 0x0008))).value_or(1.0));
