@@ -12,7 +12,8 @@
 set -uo pipefail
 bin=${COHORT_BIN:?COHORT_BIN names the cohort binary}
 dir=$(mktemp -d /tmp/cohort-ckfolder.XXXXXX)
-trap 'rm -rf "$dir"' EXIT
+watcher=
+trap '[ -z "$watcher" ] || kill "$watcher" 2>/dev/null; rm -rf "$dir"' EXIT
 fail() {
   echo "FAIL: $*"
   exit 1
