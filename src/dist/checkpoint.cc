@@ -3,6 +3,8 @@
 #include "cohort/dist/checkpoint.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -186,6 +188,12 @@ nlohmann::json parse_index(const std::string& text, const std::string& path) {
                           "in_channels", "num_classes", "image_size", "global_batch"}) {
     COHORT_CHECK(!j.contains(key) || j[key].is_number_integer(),
                  path << ": '" << key << "' is " << j[key].dump() << ", not an integer");
+  }
+  // Read as int64 (int for world): a larger value would wrap into a negative step or world.
+  for (const char* key : {"step", "epoch", "world", "optim_steps", "global_batch"}) {
+    COHORT_CHECK(!j.contains(key) || !j[key].is_number_unsigned() ||
+                     j[key].get<uint64_t>() <= (strcmp(key, "world") == 0 ? INT_MAX : INT64_MAX),
+                 path << ": '" << key << "' is out of range: " << j[key].dump());
   }
   for (const char* key : {"position", "seed", "world", "in_channels", "num_classes"}) {
     COHORT_CHECK(j[key].get<int64_t>() >= 0 || j[key].is_number_unsigned(),

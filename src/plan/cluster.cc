@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 #include <nlohmann/json.hpp>
 
+#include <climits>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -254,9 +255,11 @@ Cluster load_cluster(const std::string& name_or_path) {
     for (const IntField& f : kIntFields) {
       if (key != f.key) continue;
       known = true;
-      COHORT_CHECK(value.is_number_integer(), path << ": field '" << key
-                                                   << "': expected a whole number, got "
-                                                   << value.dump());
+      // An integer beyond int would wrap in get<int>(): 4294967298 nodes read as 2.
+      COHORT_CHECK(
+          value.is_number_integer() && value.get<double>() >= INT_MIN &&
+              value.get<double>() <= INT_MAX,
+          path << ": field '" << key << "': expected a whole number, got " << value.dump());
       c.*f.member = value.get<int>();
     }
     COHORT_CHECK(known, path << ": unknown field '" << key << "' (see docs/plan.md)");

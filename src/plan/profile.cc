@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <type_traits>
 
 #include "cohort/core/error.h"
 #include "cohort/plan/plan.h"
@@ -306,8 +308,21 @@ namespace {
 template <typename T>
 T field(const nlohmann::json& j, const char* key, const std::string& where) {
   COHORT_CHECK(j.contains(key), where << ": missing field '" << key << "'");
+  const nlohmann::json& v = j.at(key);
+  if constexpr (std::is_integral_v<T>) {
+    // nlohmann converts a number of another kind with a plain cast: a fraction would be cut and
+    // 9e105 into an integer is undefined behaviour (fuzz_files found it).
+    const bool fits =
+        v.is_number_unsigned()  ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+        : v.is_number_integer() ? v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                                      v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max())
+                                : false;
+    COHORT_CHECK(fits, where << ": field '" << key << "': expected a whole number from "
+                             << std::numeric_limits<T>::min() << " to "
+                             << std::numeric_limits<T>::max() << ", got " << v.dump());
+  }
   try {
-    return j.at(key).get<T>();
+    return v.get<T>();
   } catch (const nlohmann::json::exception& e) {
     COHORT_THROW(where << ": field '" << key << "': " << e.what());
   }

@@ -44,6 +44,9 @@ uint64_t parse_byte_size(const std::string& key, const std::string& text) {
     COHORT_CHECK(unit.empty(), "'" << key << "': unknown unit '" << unit << "' in '" << text
                                    << "' (K, M, G or T)");
   COHORT_CHECK(v >= 0, "'" << key << "' must not be negative, got '" << text << "'");
+  // 2^64 and beyond (or inf) has no uint64_t: the cast would be undefined.
+  COHORT_CHECK(v * k < 18446744073709551616.0,
+               "'" << key << "' is beyond 2^64 bytes, got '" << text << "'");
   return static_cast<uint64_t>(v * k);
 }
 
