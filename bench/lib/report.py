@@ -23,6 +23,11 @@ def machine(root="."):
         mem = int(f.readline().split()[1]) * 1024
     m = {"cpu": model, "isa": isa, "cores": os.cpu_count(), "memory_bytes": mem,
          "kernel": platform.release()}
+    # A cap on the ISA that oneDNN (Cohort's and PyTorch's) may use, e.g. AVX2 on a machine with
+    # AVX-512: the figures are then the capped path's, not the machine's best.
+    caps = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA") if k in os.environ}
+    if caps:
+        m["isa_cap"] = caps
     bw = os.path.join(root, "build/bin/memcpy_bw")
     if os.access(bw, os.X_OK):
         m["memcpy_gbps"] = float(subprocess.run([bw], capture_output=True, text=True).stdout)
