@@ -97,6 +97,19 @@ TEST(PlanProfile, FileRoundTripAndErrorsNameTheFileAndField) {
   EXPECT_NE(e.find(bad), std::string::npos) << e;
   EXPECT_NE(e.find("layers[0]"), std::string::npos) << e;
   EXPECT_NE(e.find("parameters"), std::string::npos) << e;
+  // A whole number written as 64.0 is read; a fraction, or one no int64 holds, is refused
+  // naming the field (9.4e105 into int64 was undefined behaviour before: fuzz_files).
+  const std::string whole = write_temp("whole.json", R"({"model": "x", "image": 64.0, "layers": [
+      {"name": "a", "forward_flops": 1, "parameters": 1000.0, "saved_elements": 1}]})");
+  EXPECT_EQ(plan::read_profile(whole).parameters(), 1000);
+  for (const char* value : {"2.5", "9.4e105", "-1e19"}) {
+    const std::string huge =
+        write_temp("huge.json", std::string(R"({"model": "x", "image": 64, "layers": [
+      {"name": "a", "forward_flops": 1, "parameters": )") +
+                                    value + R"(, "saved_elements": 1}]})");
+    e = error_of([&] { plan::read_profile(huge); });
+    EXPECT_NE(e.find("'parameters': expected a whole number"), std::string::npos) << value << e;
+  }
   const std::string junk = write_temp("junk.json", "{ not json");
   e = error_of([&] { plan::read_profile(junk); });
   EXPECT_NE(e.find(junk), std::string::npos) << e;
@@ -128,6 +141,9 @@ TEST(PlanCluster, FilesStartFromAPresetAndErrorsNameTheField) {
   const std::string wrong = write_temp("w.json", R"({"base": "dgx-h100", "nodes": "four"})");
   e = error_of([&] { plan::load_cluster(wrong); });
   EXPECT_NE(e.find("'nodes'"), std::string::npos) << e;
+  const std::string wraps = write_temp("x.json", R"({"base": "dgx-h100", "nodes": 4294967298})");
+  e = error_of([&] { plan::load_cluster(wraps); });  // get<int>() would have read 2
+  EXPECT_NE(e.find("'nodes': expected a whole number"), std::string::npos) << e;
   const std::string zero = write_temp("z.json", R"({"base": "dgx-h100", "memory_gib": 0})");
   e = error_of([&] { plan::load_cluster(zero); });
   EXPECT_NE(e.find("memory_gib"), std::string::npos) << e;
