@@ -47,8 +47,10 @@ struct RecvOp {
 
 // Payloads of at most this many bytes travel in one piece with their header: they are copied
 // out when an exchange starts, so their buffer may also be a receive destination of the same
-// exchange, and the peer sees them complete in a single ring update.
-inline constexpr size_t kInlineBytes = 2048;
+// exchange, the peer sees them complete in a single ring update, and over TCP each side pays
+// one system call where a header and a payload apart cost two. 2 ranks over TCP loopback,
+// blocking: a 4 KiB allreduce took 15.4-16.0 us at 4096 against 25.7-29.1 at 2048.
+inline constexpr size_t kInlineBytes = 4096;
 
 class Engine {
  public:
