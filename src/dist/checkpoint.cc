@@ -3,15 +3,15 @@
 #include "cohort/dist/checkpoint.h"
 
 #include <algorithm>
-#include <climits>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
 #include "cohort/core/clock.h"
+#include "cohort/core/json_number.h"
 #include "cohort/data/shards.h"
 #include "cohort/nn/safetensors.h"
 
@@ -191,9 +191,10 @@ nlohmann::json parse_index(const std::string& text, const std::string& path) {
   }
   // Read as int64 (int for world): a larger value would wrap into a negative step or world.
   for (const char* key : {"step", "epoch", "world", "optim_steps", "global_batch"}) {
-    COHORT_CHECK(!j.contains(key) || !j[key].is_number_unsigned() ||
-                     j[key].get<uint64_t>() <= (strcmp(key, "world") == 0 ? INT_MAX : INT64_MAX),
-                 path << ": '" << key << "' is out of range: " << j[key].dump());
+    const bool fits = !j.contains(key) ||
+                      (std::string_view(key) == "world" ? holds_whole_number<int>(j[key])
+                                                        : holds_whole_number<int64_t>(j[key]));
+    COHORT_CHECK(fits, path << ": '" << key << "' is out of range: " << j[key].dump());
   }
   for (const char* key : {"position", "seed", "world", "in_channels", "num_classes"}) {
     COHORT_CHECK(j[key].get<int64_t>() >= 0 || j[key].is_number_unsigned(),

@@ -3,13 +3,13 @@
 #include <toml++/toml.h>
 #include <nlohmann/json.hpp>
 
-#include <climits>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
 
 #include "cohort/core/error.h"
+#include "cohort/core/json_number.h"
 #include "cohort/plan/plan.h"
 
 namespace cohort::plan {
@@ -257,8 +257,7 @@ Cluster load_cluster(const std::string& name_or_path) {
       known = true;
       // An integer beyond int would wrap in get<int>(): 4294967298 nodes read as 2.
       COHORT_CHECK(
-          value.is_number_integer() && value.get<double>() >= INT_MIN &&
-              value.get<double>() <= INT_MAX,
+          value.is_number_integer() && holds_whole_number<int>(value),
           path << ": field '" << key << "': expected a whole number, got " << value.dump());
       c.*f.member = value.get<int>();
     }

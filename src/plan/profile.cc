@@ -3,13 +3,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <type_traits>
 
 #include "cohort/core/error.h"
+#include "cohort/core/json_number.h"
 #include "cohort/plan/plan.h"
 
 namespace cohort::plan {
@@ -311,17 +311,10 @@ T field(const nlohmann::json& j, const char* key, const std::string& where) {
   COHORT_CHECK(j.contains(key), where << ": missing field '" << key << "'");
   const nlohmann::json& v = j.at(key);
   if constexpr (std::is_integral_v<T>) {
-    // nlohmann converts a number of another kind with a plain cast: a fraction would be cut and
-    // 9e105 into an integer is undefined behaviour (fuzz_files found it). 64.0 is whole.
-    constexpr T lo = std::numeric_limits<T>::min(), hi = std::numeric_limits<T>::max();
-    const double d = v.is_number_float() ? v.get<double>() : 0.0;
-    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi)
-                      : v.is_number_integer()
-                          ? v.get<int64_t>() >= int64_t(lo) && v.get<int64_t>() <= int64_t(hi)
-                          : v.is_number_float() && std::trunc(d) == d && d >= double(lo) &&
-                                d < 2.0 * (double(hi / 2) + 1);
-    COHORT_CHECK(fits, where << ": field '" << key << "': expected a whole number from " << lo
-                             << " to " << hi << ", got " << v.dump());
+    COHORT_CHECK(holds_whole_number<T>(v),
+                 where << ": field '" << key << "': expected a whole number from "
+                       << std::numeric_limits<T>::min() << " to " << std::numeric_limits<T>::max()
+                       << ", got " << v.dump());
   }
   try {
     return v.get<T>();
