@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -117,6 +118,10 @@ int main(int argc, char** argv) {
   const pid_t child = ::fork();
   if (child < 0) die("fork");
   const bool parent = child != 0;
+  // Each side bounded in time whatever the other does (fork does not pass the alarm on): a stuck
+  // or vanished side ends both, by SIGALRM and then a closed connection, where a spinning or
+  // blocking call would otherwise wait for ever.
+  ::alarm(120);
   int fd = -1;
   if (parent) {
     fd = ::accept(lfd, nullptr, nullptr);

@@ -242,7 +242,7 @@ void Engine::exchange_n(const Call& c, const SendOp* sends, size_t ns, const Rec
     return true;
   };
   auto step_recv = [&](Transfer& t) -> bool {
-    if (t.bytes <= kInlineBytes && t.bytes % es == 0) return step_recv_small(t);
+    if (t.bytes <= kInlineBytes) return step_recv_small(t);  // stripes are whole elements
     bool moved = false;
     if (t.hdr_done < sizeof(t.hdr_buf)) {
       size_t k = t.link->recv_into(t.hdr_buf + t.hdr_done, sizeof(t.hdr_buf) - t.hdr_done);
