@@ -33,9 +33,9 @@ bool parse_st_dtype(const std::string& s, DType* t) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path,
-                           const std::vector<std::pair<const void*, size_t>>& parts,
-                           const VerifyFile& verify) {
+void write_stream_atomically(const std::string& path,
+                             const std::function<void(const ByteSink&)>& produce,
+                             const VerifyFile& verify) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   std::error_code ec;
   const bool existed = std::filesystem::exists(path, ec);
@@ -43,25 +43,29 @@ void write_file_atomically(const std::string& path,
   if (fd < 0) COHORT_THROW("cannot create " << tmp << ": " << errno_string(errno));
   auto fail = [&](const char* what) {
     const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
     COHORT_THROW(what << " " << tmp << " (for " << path << "): " << errno_string(err)
                       << (existed ? "; the previous " + path + " is untouched" : std::string()));
   };
-  for (auto& [ptr, len] : parts) {
-    const char* p = static_cast<const char*>(ptr);
-    size_t left = len;
-    while (left > 0) {
-      const ssize_t w = ::write(fd, p, left);
+  const ByteSink sink = [&](const void* data, size_t len) {
+    const char* p = static_cast<const char*>(data);
+    while (len > 0) {
+      const ssize_t w = ::write(fd, p, len);
       if (w < 0) {
         if (errno == EINTR) continue;
         fail("writing");
       }
       p += w;
-      left -= static_cast<size_t>(w);
+      len -= static_cast<size_t>(w);
     }
+  };
+  try {
+    produce(sink);
+    if (::fsync(fd) != 0) fail("flushing");
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
-  if (::fsync(fd) != 0) fail("flushing");
   if (::close(fd) != 0) {
     ::unlink(tmp.c_str());
     COHORT_THROW("closing " << tmp << ": " << errno_string(errno));
@@ -87,6 +91,17 @@ void write_file_atomically(const std::string& path,
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+void write_file_atomically(const std::string& path,
+                           const std::vector<std::pair<const void*, size_t>>& parts,
+                           const VerifyFile& verify) {
+  write_stream_atomically(
+      path,
+      [&](const ByteSink& sink) {
+        for (auto& [ptr, len] : parts) sink(ptr, len);
+      },
+      verify);
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,

@@ -37,7 +37,17 @@ void save_weights(const Model& m, const std::string& path,
 // bf16/f16 values are widened to f32.
 void load_weights(Model& m, const std::string& path);
 
-// Writes bytes to path through a temporary file, fsync and rename (also used by checkpoints).
+// Takes the next bytes of a file being written; throws, naming the file, when the write fails.
+using ByteSink = std::function<void(const void* data, size_t len)>;
+
+// Writes a file through a temporary file, fsync and rename (also used by checkpoints): `produce`
+// hands its bytes, in order, to the sink it is given, so that a file passed in pieces is never
+// whole in memory. On any failure, `produce`'s or `verify`'s included, the temporary file is
+// removed and the file at `path` stays as it was.
+void write_stream_atomically(const std::string& path,
+                             const std::function<void(const ByteSink&)>& produce,
+                             const VerifyFile& verify = nullptr);
+// The same for bytes already in memory, `parts` one after another.
 void write_file_atomically(const std::string& path,
                            const std::vector<std::pair<const void*, size_t>>& parts,
                            const VerifyFile& verify = nullptr);
