@@ -52,8 +52,9 @@ out=$(timeout 150 unshare --mount --propagation private bash -c '
   dir=$1 bin=$2 port=$3; shift 3
   mount -t tmpfs -o size=20m tmpfs "$dir/two/host1" || exit 99
   export COHORT_JOB_TOKEN=diskfull-$port
+  # Each launcher bounded by itself (it stops its ranks on the signal), inside the outer bound.
   for h in 1 0; do
-    COHORT_HOST_ID=host$h "$bin" launch --nproc-per-node 2 --nnodes 2 --node-rank $h \
+    COHORT_HOST_ID=host$h timeout 120 "$bin" launch --nproc-per-node 2 --nnodes 2 --node-rank $h \
       --master 127.0.0.1:$port -- "$bin" "$@" --checkpoint-dir "$dir/two/host$h" \
       > "$dir/two.$h.log" 2>&1 &
     pids[$h]=$!
