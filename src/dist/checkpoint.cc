@@ -10,11 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string_view>
 
 #include "cohort/core/clock.h"
+#include "cohort/core/error.h"
 #include "cohort/core/json_number.h"
 #include "cohort/data/shards.h"
 #include "cohort/nn/safetensors.h"
@@ -127,6 +129,10 @@ int64_t pass_file(const std::function<void(void*, size_t)>& move, int holder, bo
                   const std::string& src, bool writes, const std::string& dst, uint32_t crc,
                   std::string* error) {
   int fd = -1;
+  // Closed however this returns: a peer lost mid-pass throws out of `move`.
+  const std::unique_ptr<int, void (*)(int*)> close_fd(&fd, [](int* f) {
+    if (*f >= 0) ::close(*f);
+  });
   int64_t n = -1;
   if (holds) {
     fd = ::open(src.c_str(), O_RDONLY | O_CLOEXEC);
@@ -139,7 +145,6 @@ int64_t pass_file(const std::function<void(void*, size_t)>& move, int holder, bo
   }
   move(&n, sizeof n);
   if (n < 0) {
-    if (fd >= 0) ::close(fd);
     if (!holds)
       *error = "rank " + std::to_string(holder) + " could not read the file it was to pass (" +
                dst + ')';
@@ -181,6 +186,8 @@ int64_t pass_file(const std::function<void(void*, size_t)>& move, int holder, bo
             COHORT_CHECK(got == crc,
                          tmp << " arrived with CRC " << got << ", the writer's is " << crc);
           });
+    } catch (const CommError&) {
+      throw;  // the holder is gone: nothing more comes
     } catch (const std::exception& e) {
       *error = e.what();
       pieces(nullptr);  // the rest of what the holder sends
@@ -188,7 +195,6 @@ int64_t pass_file(const std::function<void(void*, size_t)>& move, int holder, bo
   } else {
     pieces(nullptr);
   }
-  if (fd >= 0) ::close(fd);
   return n;
 }
 
