@@ -395,10 +395,9 @@ double voi_linear(double x, Window w) {
   return (x - (c - 0.5)) / (wd - 1) + 0.5;
 }
 
-namespace {
-
 // How stored pixel values are laid out: what the pixel loop needs, from the data set (fast path)
-// or from GDCM's image (decoded transfer syntaxes).
+// or from GDCM's image (decoded transfer syntaxes). Not in the anonymous namespace: StoredPixels,
+// which dicom.h declares, holds one.
 struct StoredFormat {
   int width = 0, height = 0;
   int bits_allocated = 0, bits_stored = 0, high_bit = -1;
@@ -406,6 +405,8 @@ struct StoredFormat {
   double slope = 1.0, intercept = 0.0;
   int samples = 1;  // 3: RGB, 8-bit, interleaved (converted so when decoded)
 };
+
+namespace {
 
 // Stored values to windowed output through one table: stored value -> modality value (rescale)
 // -> VOI window -> [0, 65535], MONOCHROME1 inverted. Stored values have at most 16 bits, so the

@@ -45,7 +45,6 @@ double Memory::total() const {
 namespace {
 
 constexpr double kMB = 1e6;
-constexpr double kGiB = 1024.0 * 1024 * 1024;
 
 int state_bytes(const std::string& optimizer) {
   if (optimizer == "adamw") return 8;

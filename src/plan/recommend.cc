@@ -11,8 +11,6 @@ namespace cohort::plan {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024 * 1024;
-
 std::string fixed(double v, int digits) {
   std::ostringstream s;
   s.setf(std::ios::fixed);

@@ -10,17 +10,14 @@
 #include "cohort/nn/init.h"
 #include "cohort/nn/layers.h"
 #include "cohort/nn/model.h"
+#include "testing/tensors.h"
 
 namespace cohort::nn {
 namespace {
 
 using tensor::Order;
 
-Tensor random(const Shape& s, uint64_t seed, Order order = Order::contiguous) {
-  Tensor t = Tensor::empty(s, DType::f32, Order::contiguous);
-  init::normal(t, 0.0, 1.0, seed);
-  return order == Order::contiguous ? t : t.clone(order);
-}
+using testing::random_tensor;
 
 float at4(const Tensor& t, int64_t a, int64_t b, int64_t c, int64_t d) {
   const auto& st = t.strides();
@@ -35,7 +32,7 @@ std::vector<float> values(const Tensor& t) {
 
 // Loss = sum(y * r) for a fixed random r, recorded on the current tape.
 Var project(const Var& y, uint64_t seed) {
-  Tensor r = random(y->value.shape(), seed);
+  Tensor r = random_tensor(y->value.shape(), seed);
   const auto yv = values(y->value);
   const auto rv = values(r);
   double s = 0;
@@ -148,7 +145,7 @@ TEST(Conv2d, ForwardMatchesNaive) {
     auto conv = std::make_unique<Conv2d>(o);
     Conv2d* c = conv.get();
     Harness h(std::move(conv));
-    Tensor x = random({2, 4, 9, 8}, 1);
+    Tensor x = random_tensor({2, 4, 9, 8}, 1);
     Tensor y = c->forward(constant(x))->value;
     ASSERT_EQ(y.shape(), (Shape{2, 6, 4, 3}));
     const Tensor& w = h.model.params()[0]->value;
@@ -177,13 +174,13 @@ TEST(Conv2d, Gradients) {
   auto conv = std::make_unique<Conv2d>(o);
   Conv2d* c = conv.get();
   Harness h(std::move(conv));
-  grad_check([c](const Var& x) { return c->forward(x); }, random({2, 3, 5, 5}, 2),
+  grad_check([c](const Var& x) { return c->forward(x); }, random_tensor({2, 3, 5, 5}, 2),
              h.model.params());
   Conv2dOptions s{4, 4, 3, 2, 1, 1, 2, false};
   auto conv2 = std::make_unique<Conv2d>(s);
   Conv2d* c2 = conv2.get();
   Harness h2(std::move(conv2));
-  grad_check([c2](const Var& x) { return c2->forward(x); }, random({2, 4, 7, 6}, 3),
+  grad_check([c2](const Var& x) { return c2->forward(x); }, random_tensor({2, 4, 7, 6}, 3),
              h2.model.params());
 }
 
@@ -191,7 +188,7 @@ TEST(BatchNorm2d, TrainingForwardNormalisesAndTracksRunningStats) {
   auto bn = std::make_unique<BatchNorm2d>(3);
   BatchNorm2d* b = bn.get();
   Harness h(std::move(bn));
-  Tensor x = random({4, 3, 5, 5}, 4);
+  Tensor x = random_tensor({4, 3, 5, 5}, 4);
   Tensor y = b->forward(constant(x))->value;
   for (int c = 0; c < 3; ++c) {
     double m = 0, v = 0, xm = 0, xv = 0;
@@ -230,7 +227,7 @@ TEST(BatchNorm2d, Gradients) {
     Harness h(std::move(bn));
     init::normal(h.model.params()[0]->value, 1.0, 0.3, 5);
     init::normal(h.model.params()[1]->value, 0.0, 0.3, 6);
-    grad_check([b](const Var& x) { return b->forward(x); }, random({3, 3, 4, 4}, 7),
+    grad_check([b](const Var& x) { return b->forward(x); }, random_tensor({3, 3, 4, 4}, 7),
                h.model.params(),
                GradCheck{12, relu ? 1e-3 : 1e-2, 3e-2, relu ? 5e-3 : 1e-3, nullptr});
     // Small steps for ReLU's kink; the f32 loss over 2e-3 then carries about 1e-3 of noise.
@@ -240,7 +237,7 @@ TEST(BatchNorm2d, Gradients) {
 TEST(Pooling, ForwardMatchesNaiveAndGradients) {
   MaxPool2d mp(PoolOptions{3, 2, 1});
   AvgPool2d ap(PoolOptions{2, 2, 0});
-  Tensor x = random({2, 3, 7, 6}, 8);
+  Tensor x = random_tensor({2, 3, 7, 6}, 8);
   Tensor ym = mp.forward(constant(x))->value;
   Tensor ya = ap.forward(constant(x))->value;
   ASSERT_EQ(ym.shape(), (Shape{2, 3, 4, 3}));
@@ -270,7 +267,7 @@ TEST(Pooling, ForwardMatchesNaiveAndGradients) {
 
 TEST(AdaptiveAvgPool2d, UnevenWindowsAndGradients) {
   AdaptiveAvgPool2d pool(2, 3);
-  Tensor x = random({2, 3, 5, 7}, 9);
+  Tensor x = random_tensor({2, 3, 5, 7}, 9);
   Tensor y = pool.forward(constant(x))->value;
   ASSERT_EQ(y.shape(), (Shape{2, 3, 2, 3}));
   // Output (1, 2) covers rows [2, 5) and columns [4, 7).
@@ -287,7 +284,7 @@ TEST(Linear, ForwardAndGradients) {
   auto lin = std::make_unique<Linear>(5, 3);
   Linear* l = lin.get();
   Harness h(std::move(lin));
-  Tensor x = random({4, 5}, 10);
+  Tensor x = random_tensor({4, 5}, 10);
   Tensor y = l->forward(constant(x))->value;
   const Tensor& w = h.model.params()[0]->value;
   const Tensor& b = h.model.params()[1]->value;
@@ -301,7 +298,7 @@ TEST(Linear, ForwardAndGradients) {
 }
 
 TEST(Elementwise, ReluAddConcatFlattenGradients) {
-  Tensor x = random({2, 3, 4, 4}, 11, Order::channels_last);
+  Tensor x = random_tensor({2, 3, 4, 4}, 11, Order::channels_last);
   grad_check([](const Var& v) { return relu(v); }, x, {});
   grad_check([](const Var& v) { return add_relu(v, relu(v)); }, x, {});
   grad_check([](const Var& v) { return add(v, v); }, x, {});
@@ -331,7 +328,7 @@ TEST(Dropout, ScalesKeptValuesAndIsOffInEval) {
         Dropout fixed(0.3f, 4);  // a fresh module: the same mask every call
         return fixed.forward(v);
       },
-      random({4, 10}, 12), {});
+      random_tensor({4, 10}, 12), {});
   d.train(false);
   EXPECT_EQ(d.forward(constant(x))->value.data<float>()[7], 1.0f);
 }
@@ -346,7 +343,7 @@ TEST(Losses, CrossEntropyValueAndGradients) {
   const double row1 = std::log(3.0);
   EXPECT_NEAR(ls->value.data<float>()[0], 0.5 * (row0 + row1), 1e-6);
   auto ce = [](const Var& v) { return cross_entropy(v, {2, 0, 1, 1}, 0.1f); };
-  grad_check(ce, random({4, 3}, 13));
+  grad_check(ce, random_tensor({4, 3}, 13));
   EXPECT_THROW(cross_entropy(constant(z), {3, 0}), Error);
 }
 
@@ -357,7 +354,7 @@ TEST(Losses, BceWithLogitsValueAndGradients) {
   EXPECT_NEAR(bce_with_logits(constant(z), t)->value.data<float>()[0], std::log(2.0), 1e-6);
   Tensor targets = Tensor::zeros({3, 4});
   for (int i = 0; i < 12; i += 3) targets.data<float>()[i] = 1;
-  grad_check([&](const Var& v) { return bce_with_logits(v, targets); }, random({3, 4}, 14));
+  grad_check([&](const Var& v) { return bce_with_logits(v, targets); }, random_tensor({3, 4}, 14));
 }
 
 // The check can fail: a backward that drops label smoothing's term (the analytic gradient of the
@@ -371,7 +368,7 @@ TEST(Losses, GradientCheckCatchesADroppedTerm) {
       [](const Var& v) {
         return cross_entropy(v, {2, 0, 1, 1}, 0.0f);
       },
-      random({4, 3}, 13), {}, o, &worst);
+      random_tensor({4, 3}, 13), {}, o, &worst);
   EXPECT_GT(e, 1.0) << "a dropped smoothing term passed: " << worst;
 }
 
@@ -380,7 +377,7 @@ TEST(Losses, GradientCheckCatchesADroppedTerm) {
 TEST(MixedPrecision, Bf16ConvolutionAndLinearTrackF32) {
   if (!compute_type_supported(DType::bf16)) GTEST_SKIP() << "no bf16 convolutions on this CPU";
   auto m = make_model("smallcnn", ModelOptions{1, 3, 16, 2});
-  Tensor x = random({4, 1, 16, 16}, 21, Order::channels_last);
+  Tensor x = random_tensor({4, 1, 16, 16}, 21, Order::channels_last);
   auto run = [&](DType t) {
     set_compute_type(t);
     m->zero_grad();
@@ -419,7 +416,7 @@ TEST(Tape, GradReadyHooksFireOncePerParameterInReverseOrder) {
   std::vector<int> order;
   Tape tape;
   tape.on_grad_ready([&](Param& p) { order.push_back(p.index); });
-  Tensor x = random({2, 1, 16, 16}, 15, Order::channels_last);
+  Tensor x = random_tensor({2, 1, 16, 16}, 15, Order::channels_last);
   {
     Tape::Recording rec(tape);
     Var l = cross_entropy(m->forward(constant(x)), {0, 1});
@@ -436,7 +433,7 @@ TEST(Tape, GradReadyHooksFireOncePerParameterInReverseOrder) {
 
 TEST(Tape, GradientsAccumulateAcrossBackwardCalls) {
   auto m = make_model("smallcnn", ModelOptions{1, 2, 16, 1});
-  Tensor x = random({2, 1, 16, 16}, 16);
+  Tensor x = random_tensor({2, 1, 16, 16}, 16);
   auto run = [&]() {
     Tape tape;
     Tape::Recording rec(tape);

@@ -13,6 +13,7 @@
 #include "cohort/nn/optim.h"
 #include "cohort/nn/safetensors.h"
 #include "testing/temp_dir.h"
+#include "testing/tensors.h"
 
 namespace cohort::nn {
 namespace {
@@ -22,10 +23,9 @@ using testing::TempDir;
 namespace fs = std::filesystem;
 using tensor::Order;
 
+// Model inputs in channels-last, the layout the models keep.
 Tensor random(const Shape& s, uint64_t seed) {
-  Tensor t = Tensor::empty(s);
-  init::normal(t, 0.0, 1.0, seed);
-  return t.clone(Order::channels_last);
+  return testing::random_tensor(s, seed, Order::channels_last);
 }
 
 TEST(Models, ParameterCountsMatchTorchvision) {

@@ -139,6 +139,9 @@ struct Strategy {
   bool accum_local = false;
 };
 
+// Bytes per GiB, the unit accelerator memory is given and reported in.
+inline constexpr double kGiB = 1024.0 * 1024 * 1024;
+
 struct Memory {
   double parameters = 0, gradients = 0, optimizer = 0, gathered = 0, activations = 0, buffers = 0;
   double total() const;
