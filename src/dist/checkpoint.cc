@@ -213,10 +213,12 @@ int64_t pass_file_to(comm::Communicator& w, int from, int to, const std::string&
 }
 
 // What a failed checkpoint leaves, for its error: the previous one, where the folder still has
-// an index (a folder that vanished, or was emptied, keeps nothing).
-std::string what_is_kept(const std::string& dir) {
+// an index (a folder that vanished, or was emptied, keeps nothing); `had_one`: the folder had an
+// index when this checkpoint began.
+std::string what_is_kept(const std::string& dir, bool had_one) {
   std::error_code ec;
   if (fs::exists(checkpoint_index(dir), ec)) return dir + " keeps the previous checkpoint";
+  if (!had_one) return dir + " holds no checkpoint yet (this was its first)";
   return dir + " holds no checkpoint any more (the folder or its index is gone)";
 }
 
@@ -331,6 +333,8 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
                      bool replicated) {
   const int rank = world ? world->rank() : 0;
   const int size = world ? world->size() : 1;
+  std::error_code index_error;  // an unreadable folder counts as holding none
+  const bool had_one = fs::exists(checkpoint_index(dir), index_error);
   // A directory of its own for this checkpoint's files, named by rank 0.
   int64_t id = now_us() % 1000000000;
   if (world) world->broadcast(&id, &id, 1, comm::DataType::i64, 0).wait();
@@ -384,9 +388,10 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
   }
   for (int r = 0; r < size; ++r) {
     if (all[2 * static_cast<size_t>(r)] < 0) {
-      COHORT_THROW("checkpoint at step "
-                   << pos.step << ": rank " << r << " could not write its shard"
-                   << (r == rank ? ": " + error : std::string()) << "; " << what_is_kept(dir));
+      COHORT_THROW("checkpoint at step " << pos.step << ": rank " << r
+                                         << " could not write its shard"
+                                         << (r == rank ? ": " + error : std::string()) << "; "
+                                         << what_is_kept(dir, had_one));
     }
   }
 
@@ -429,7 +434,7 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
                      << pos.step << ": "
                      << (copy_error.empty() ? "a copy on another host failed (see its rank's log)"
                                             : copy_error)
-                     << "; " << what_is_kept(dir));
+                     << "; " << what_is_kept(dir, had_one));
   }
 
   std::string index_text;
@@ -469,7 +474,7 @@ void save_checkpoint(const std::string& dir, const nn::Model& m, nn::Optimizer& 
       nn::write_file_atomically(checkpoint_index(dir), {{index_text.data(), index_text.size()}});
     } catch (const std::exception& e) {
       COHORT_THROW("checkpoint at step " << pos.step << ": writing its index: " << e.what() << "; "
-                                         << what_is_kept(dir));
+                                         << what_is_kept(dir, had_one));
     }
     // The index names the new files: the older ones (and any a crash left half-written) go.
     // On a file system the hosts share, their first ranks may be removing the same ones.

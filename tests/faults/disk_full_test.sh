@@ -69,6 +69,8 @@ code=$?
 [ $code -eq 0 ] || fail "two hosts, host 1's disk full: $out (each launcher must stop by itself with an error): $(tail -4 "$dir"/two.*.log)"
 grep -q "rank [23] could not keep the copy of rank 0's shard: .*writing .*/two/host1/step-1-[0-9]*/rank-0.safetensors.*No space left on device" "$dir/two.1.log" ||
   fail "host 1 does not name the copy it could not keep and the full disk: $(grep -m3 'checkpoint' "$dir/two.1.log")"
+grep -q "two/host1 holds no checkpoint yet (this was its first)" "$dir/two.1.log" ||
+  fail "host 1 does not say its folder holds no checkpoint yet: $(grep -m3 'checkpoint' "$dir/two.1.log")"
 grep -q "checkpoint at step 1: a copy on another host failed" "$dir/two.0.log" ||
   fail "host 0 does not say a copy on another host failed: $(grep -m3 'checkpoint' "$dir/two.0.log")"
 echo "PASS: host 1's disk full under its copy of a shard: every rank stopped, naming it"
