@@ -1,24 +1,73 @@
 // Published scaling results the model is checked against (tests/plan, bench/validate-plan). Each
 // input says where it comes from: the paper, a vendor datasheet, or an assumption of ours.
+#include <cstdio>
+
 #include "cohort/plan/plan.h"
 
 namespace cohort::plan {
 
 namespace {
 
-Cluster p100_cluster(const std::string& name, int per_node, const Link& intra, const Link& nic) {
+Cluster gpu_cluster(const std::string& name, const Accelerator& a, int per_node, const Link& intra,
+                    const Link& nic, int nics) {
   Cluster c;
   c.name = name;
   c.accelerators_per_node = per_node;
-  // NVIDIA Tesla P100 datasheet: 10.6 TFLOP/s f32 (SXM2), 16 GB HBM2 at 732 GB/s; no bf16, so
-  // the bf16 figure is the f32 one.
-  c.accelerator = {"Tesla P100 16GB", 10.6, 10.6, 16, 732, 0.45, 0.6};
+  c.accelerator = a;
   c.intra = intra;
   c.nic = nic;
-  c.nics_per_node = 1;
+  c.nics_per_node = nics;
   c.cpu_cores = 40;
   c.decode_per_core = 500;
   c.reduce_gbytes_per_s = 300;
+  return c;
+}
+
+Cluster p100_cluster(const std::string& name, int per_node, const Link& intra, const Link& nic) {
+  // NVIDIA Tesla P100 datasheet: 10.6 TFLOP/s f32 (SXM2), 16 GB HBM2 at 732 GB/s; no bf16, so
+  // the bf16 figure is the f32 one.
+  return gpu_cluster(name, {"Tesla P100 16GB", 10.6, 10.6, 16, 732, 0.45, 0.6}, per_node, intra,
+                     nic, 1);
+}
+
+// PyTorch's DDP benchmark (benchmarks/distributed/ddp in PyTorch's repository, by PyTorch's
+// distributed team): torchvision's model at 224 px, 32 images per GPU, f32, SGD with momentum,
+// DDP over NCCL with 25 MB buckets, on DGX-1 servers of 8 V100; its README's table.
+PublishedCase pytorch_ddp_benchmark(const std::string& model, const std::string& shown,
+                                    double alone, double at16) {
+  PublishedCase c;
+  c.name = "PyTorch's DDP benchmark, " + shown;
+  char claim[160];
+  std::snprintf(claim, sizeof claim, "%s, %.1f%% on 16 GPUs (2 DGX-1) against one without DDP",
+                shown.c_str(), 100 * at16 / alone);
+  c.claim = claim;
+  c.inputs = {
+      model +
+          " from torchvision at 224 px, 32 images per GPU, f32, SGD with momentum, DDP "
+          "over NCCL with 25 MB buckets, broadcast_buffers off (the benchmark's script)",
+      "DGX-1 servers: 8 Tesla V100 in NVLink's hybrid cube mesh, 4x 100 Gbit/s InfiniBand each "
+      "(the README's topology and text)",
+      "one GPU without DDP runs " + std::to_string(static_cast<int>(alone)) +
+          " images/s; 16 GPUs (2 servers) " + std::to_string(static_cast<int>(at16)) +
+          " images/s per GPU, medians (benchmarks/distributed/ddp/README.md, PyTorch 1.4, "
+          "CUDA 10)",
+      "V100 SXM2 figures from NVIDIA's datasheet (15.7 TFLOP/s f32, 900 GB/s); NVLink 2 at "
+      "75 GB/s per GPU per direction (ours: 6 links of 25 GB/s shared by two rings)",
+      "latencies from NCCL's tuning tables, 3.4 us over NVLink and 14 us over the network "
+      "(ours); step jitter 2% (ours)",
+      "the reported efficiency is 16 GPUs against 16 times one GPU without DDP"};
+  c.profile = builtin_profile(model, 224);
+  c.strategy.batch = 32;
+  c.strategy.bf16 = false;
+  c.strategy.bucket_mb = 25;
+  c.cluster = gpu_cluster("DGX-1 (V100, 4x EDR InfiniBand)",
+                          {"Tesla V100 SXM2 16GB", 15.7, 15.7, 16, 900, 0.45, 0.6}, 8,
+                          {"NVLink 2", 75, 3.4}, {"InfiniBand EDR 100 Gbit/s", 12.5, 14}, 4);
+  c.cluster.nodes = 2;
+  c.cluster = match_throughput(c.profile, c.cluster, c.strategy, alone);
+  c.base_nodes = 0;
+  c.nodes = 2;
+  c.reported_efficiency = at16 / alone;
   return c;
 }
 
@@ -79,6 +128,8 @@ std::vector<PublishedCase> published_cases() {
     h.reported_efficiency = 0.88;
     out.push_back(h);
   }
+  out.push_back(pytorch_ddp_benchmark("resnet50", "ResNet-50", 329, 306));
+  out.push_back(pytorch_ddp_benchmark("resnet101", "ResNet-101", 197, 178));
   return out;
 }
 
