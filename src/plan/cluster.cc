@@ -16,12 +16,6 @@ namespace cohort::plan {
 
 namespace {
 
-// Latencies per message from NCCL's tuning tables (src/graph/tuning.cc, ring, Simple protocol):
-// 3.4 us per step over NVLink, 14 us over the network, 1.0-4 us over PCIe.
-constexpr double kNvlinkLatencyUs = 3.4;
-constexpr double kNetLatencyUs = 14.0;
-constexpr double kPcieLatencyUs = 4.0;
-
 Cluster dgx_h100() {
   Cluster c;
   c.name = "dgx-h100";

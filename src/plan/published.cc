@@ -41,6 +41,11 @@ PublishedCase pytorch_ddp_benchmark(const std::string& model, const std::string&
   std::snprintf(claim, sizeof claim, "%s, %.1f%% on 16 GPUs (2 DGX-1) against one without DDP",
                 shown.c_str(), 100 * at16 / alone);
   c.claim = claim;
+  char latencies[128];
+  std::snprintf(latencies, sizeof latencies,
+                "latencies from NCCL's tuning tables, %.1f us over NVLink and %.0f us over the "
+                "network (ours); step jitter 2%% (ours)",
+                kNvlinkLatencyUs, kNetLatencyUs);
   c.inputs = {
       model +
           " from torchvision at 224 px, 32 images per GPU, f32, SGD with momentum, DDP "
@@ -53,16 +58,15 @@ PublishedCase pytorch_ddp_benchmark(const std::string& model, const std::string&
           "CUDA 10)",
       "V100 SXM2 figures from NVIDIA's datasheet (15.7 TFLOP/s f32, 900 GB/s); NVLink 2 at "
       "75 GB/s per GPU per direction (ours: 6 links of 25 GB/s shared by two rings)",
-      "latencies from NCCL's tuning tables, 3.4 us over NVLink and 14 us over the network "
-      "(ours); step jitter 2% (ours)",
+      latencies,
       "the reported efficiency is 16 GPUs against 16 times one GPU without DDP"};
   c.profile = builtin_profile(model, 224);
   c.strategy.batch = 32;
   c.strategy.bf16 = false;
   c.strategy.bucket_mb = 25;
-  c.cluster = gpu_cluster("DGX-1 (V100, 4x EDR InfiniBand)",
-                          {"Tesla V100 SXM2 16GB", 15.7, 15.7, 16, 900, 0.45, 0.6}, 8,
-                          {"NVLink 2", 75, 3.4}, {"InfiniBand EDR 100 Gbit/s", 12.5, 14}, 4);
+  c.cluster = gpu_cluster(
+      "DGX-1 (V100, 4x EDR InfiniBand)", {"Tesla V100 SXM2 16GB", 15.7, 15.7, 16, 900, 0.45, 0.6},
+      8, {"NVLink 2", 75, kNvlinkLatencyUs}, {"InfiniBand EDR 100 Gbit/s", 12.5, kNetLatencyUs}, 4);
   c.cluster.nodes = 2;
   c.cluster = match_throughput(c.profile, c.cluster, c.strategy, alone);
   c.base_nodes = 0;
@@ -93,7 +97,7 @@ std::vector<PublishedCase> published_cases() {
     g.strategy.batch = 32;
     g.strategy.bf16 = false;
     g.strategy.bucket_mb = 25;
-    g.cluster = p100_cluster("Big Basin (P100, 50 GbE)", 8, {"NVLink 1", 40, 3.4},
+    g.cluster = p100_cluster("Big Basin (P100, 50 GbE)", 8, {"NVLink 1", 40, kNvlinkLatencyUs},
                              {"50 Gbit/s Ethernet", 6.25, 25});
     g.cluster.nodes = 32;
     g.cluster = match_throughput(g.profile, g.cluster, g.strategy, 32 / 0.180);
