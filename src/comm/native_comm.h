@@ -6,6 +6,7 @@
 //   queue.cc            the queue and the progress thread; running a call; failures
 //   join.cc             joining the job through the store (init_world, init)
 //   split.cc            split(color, key)
+//   mailbox.cc          open_mailbox() and the Mailbox: tagged messages on links of their own
 //   shutdown.cc         shutdown and lingering for peers when the job fails
 //   topology_report.cc  describe() and the topology report
 //   probe.cc            the link probe (COHORT_PROBE)
@@ -47,6 +48,7 @@ class WorkState {
   // The algorithm chosen at issue, and why (static texts); once finished, the one that ran.
   std::atomic<const char*> algo{""};
   std::atomic<const char*> reason{""};
+  std::atomic<int> source{-1};  // a Mailbox receive: the rank its message came from
 };
 
 namespace detail {
@@ -93,6 +95,7 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   Work barrier() override;
   std::shared_ptr<Communicator> split(int color, int key) override;
   SharedBuffer alloc_shared(size_t bytes) override;
+  std::shared_ptr<Mailbox> open_mailbox() override;
   void abort(const std::string& reason) override;
 
   void keep_alive(std::unique_ptr<StoreServer> server);
@@ -134,6 +137,7 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   std::vector<uint32_t> send_seq_;  // point-to-point counters per peer (caller thread)
   std::vector<uint32_t> recv_seq_;
   uint32_t split_seq_ = 0;
+  uint32_t mailbox_seq_ = 0;  // open_mailbox calls (caller thread)
   uint64_t shared_seq_ = 0;                           // alloc_shared calls (caller thread)
   std::unordered_map<uint64_t, AlgoChoice> choices_;  // caller thread
   bool probed_ = false;                               // the engine's link figures were measured

@@ -31,6 +31,10 @@ std::string Work::reason() const {
   return s_ ? s_->reason.load() : "";
 }
 
+int Work::source() const {
+  return s_ && s_->ready.load(std::memory_order_acquire) ? s_->source.load() : -1;
+}
+
 Work make_done_work(const char* algo, const char* reason) {
   auto s = std::make_shared<WorkState>();
   s->ready.store(1);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,9 @@ class Work {
   // collective runs the ring where a rank's buffers lie outside shared memory).
   std::string algorithm() const;
   std::string reason() const;  // why: "cost model", "forced by the call", "COHORT_ALGO", ...
+  // The rank a finished receive took its message from (Mailbox::irecv from kAnySource); -1
+  // for every other call and before it finished.
+  int source() const;
 
  private:
   std::shared_ptr<WorkState> s_;
@@ -91,6 +95,30 @@ class SharedBuffer {
   size_t bytes_ = 0;
   std::shared_ptr<const void> owner_;
   bool shared_ = false;
+};
+
+// A Mailbox::irecv that takes the first matching message from any rank.
+inline constexpr int kAnySource = -1;
+
+// Tagged point-to-point messages, as MPI's and PyTorch's isend/irecv (Communicator::open_mailbox).
+// A receive takes the oldest message that matches its source (or any rank) and tag; messages from
+// one rank with one tag match in the order sent. Every call completes on its own, whatever order
+// the ranks post them in and whatever collectives run meanwhile: the mailbox has links of its own
+// and a thread that keeps them moving, and a message that arrives before its receive is held
+// (in memory the mailbox allocates) until one is posted. Calls fail with TimeoutError ("Timed
+// out ...") after the communicator's timeout, and with CommError naming the rank when a peer dies.
+class Mailbox {
+ public:
+  // Runs once when its call has finished, successfully or not: on the mailbox's thread, or on
+  // the caller's when the call finishes at once. It must not call back into the mailbox's owner
+  // while holding locks that the caller of isend/irecv may hold.
+  using Done = std::function<void(const Work&)>;
+  virtual ~Mailbox() = default;
+  // Sends `bytes` from `data` (left unchanged until the call finishes) to `peer`.
+  virtual Work isend(const void* data, size_t bytes, int peer, int tag, Done done = {}) = 0;
+  // Receives into `data` a message of exactly `bytes` from `peer` or, with kAnySource, from the
+  // first rank whose message with `tag` is there (Work::source() says which).
+  virtual Work irecv(void* data, size_t bytes, int peer, int tag, Done done = {}) = 0;
 };
 
 class Communicator {
@@ -132,9 +160,17 @@ class Communicator {
   // block i of root's send goes to rank i's recv.
   virtual Work scatter(const void* send, void* recv, size_t count, DataType t, int root,
                        CollOptions o = {}) = 0;
+  // Point-to-point in the communicator's issue order: each runs in its turn, like a collective,
+  // so a receive holds back the calls issued after it until its message came (pipeline stages
+  // issue them in matching orders). For messages that complete in any order, with tags and from
+  // any source, use a Mailbox.
   virtual Work send(const void* data, size_t count, DataType t, int peer) = 0;
   virtual Work recv(void* data, size_t count, DataType t, int peer) = 0;
   virtual Work barrier() = 0;
+
+  // A mailbox over links of its own to every rank of this communicator. Collective over the
+  // communicator. Backends without one (mpi) throw, naming themselves.
+  virtual std::shared_ptr<Mailbox> open_mailbox();
 
   // `bytes` of memory that this host's ranks map from each other, zeroed. An allreduce whose
   // buffers lie in such memory on every rank of a one-host group reads the peers' data where it
