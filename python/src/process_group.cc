@@ -142,6 +142,11 @@ CohortWork::CohortWork(int rank, c10d::OpType type, std::vector<at::Tensor> outp
   future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
 }
 
+int CohortWork::sourceRank() const {
+  TORCH_CHECK(source_ >= 0, "cohort: the sender's rank is known once a receive has completed");
+  return source_;
+}
+
 void CohortWork::complete(std::exception_ptr error) {
   finish(error);
   if (error) {
@@ -158,6 +163,7 @@ ProcessGroupCohort::ProcessGroupCohort(const c10::intrusive_ptr<c10d::Store>& st
   opt.timeout = timeout;
   try {
     comm_ = comm::join(comm::Store(std::make_shared<TorchStore>(store), timeout), rank, size, opt);
+    mailbox_ = comm_->open_mailbox();
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "cohort: rank ", rank, " of ", size, " could not join: ", e.what());
   }
@@ -181,14 +187,22 @@ ProcessGroupCohort::~ProcessGroupCohort() {
   // both run without it.
   WithoutGil nogil;
   completer_.join();  // every call issued completes or fails within the timeout
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_cv_.wait_for(lock, timeout_ + std::chrono::seconds(5),
+                      [&] { return mailbox_calls_ == 0; });
+  }
+  // The communicator's closing barrier first: once every rank is past it, no mailbox message
+  // is still on its way.
   comm_.reset();
+  mailbox_.reset();
 }
 
 void ProcessGroupCohort::drain() {
   std::unique_lock<std::mutex> lock(mu_);
   // Every call completes or fails within the timeout; the margin covers the copies back.
   idle_cv_.wait_for(lock, timeout_ + std::chrono::seconds(5),
-                    [&] { return pending_.empty() && !busy_; });
+                    [&] { return pending_.empty() && !busy_ && mailbox_calls_ == 0; });
 }
 
 void ProcessGroupCohort::drain_all() {
@@ -204,6 +218,16 @@ void ProcessGroupCohort::Pending::write_back(const at::Tensor& user, const at::T
   if (user.is_same(staged)) return;
   keep.push_back(staged);
   finish = [user, staged]() mutable { user.copy_(staged); };
+}
+
+void ProcessGroupCohort::mailbox_call_started() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++mailbox_calls_;
+}
+
+void ProcessGroupCohort::mailbox_call_ended() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--mailbox_calls_ == 0) idle_cv_.notify_all();
 }
 
 ProcessGroupCohort::Work ProcessGroupCohort::submit(c10d::OpType type, Tensors outputs, Pending p) {
@@ -369,6 +393,53 @@ ProcessGroupCohort::Work ProcessGroupCohort::_allgather_base(at::Tensor& output,
   p.read_from(input, src);
   p.write_back(output, dst);
   return submit(c10d::OpType::_ALLGATHER_BASE, {output}, std::move(p));
+}
+
+// Every rank's list of tensors (of any sizes, empty ones too, the same list on every rank) as one
+// allgather of their bytes, cut apart into the output lists.
+ProcessGroupCohort::Work ProcessGroupCohort::allgather_coalesced(std::vector<Tensors>& outputs,
+                                                                 Tensors& inputs,
+                                                                 const c10d::AllgatherOptions&) {
+  const char* op = "allgather_coalesced";
+  const auto n = static_cast<size_t>(getSize());
+  TORCH_CHECK(outputs.size() == n, "cohort: ", op, " needs ", n,
+              " output lists (one per rank), got ", outputs.size());
+  int64_t bytes = 0;
+  std::vector<at::Tensor> rows;
+  for (const auto& t : inputs) {
+    check_tensor(t, op);
+    rows.push_back(t.contiguous().reshape(-1).view(at::kByte));
+    bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  }
+  for (size_t r = 0; r < n; ++r) {
+    TORCH_CHECK(outputs[r].size() == inputs.size(), "cohort: ", op, ": output list ", r, " has ",
+                outputs[r].size(), " tensors; the input list has ", inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_tensor(outputs[r][i], op);
+      check_same(inputs[i], outputs[r][i], op, "an output tensor");
+    }
+  }
+  at::Tensor src = rows.empty() ? at::empty({0}, at::kByte) : at::cat(rows);
+  at::Tensor flat = at::empty({static_cast<int64_t>(n) * bytes}, at::kByte);
+  Pending p;
+  p.calls.push_back(issue(op, [&] {
+    return comm_->allgather(src.data_ptr(), flat.data_ptr(), static_cast<size_t>(bytes),
+                            DataType::u8);
+  }));
+  p.keep = {src, flat};
+  Tensors all;
+  for (const auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
+  p.finish = [outputs, flat, bytes]() mutable {
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      int64_t at = static_cast<int64_t>(r) * bytes;
+      for (auto& o : outputs[r]) {
+        const int64_t b = o.numel() * static_cast<int64_t>(o.element_size());
+        o.copy_(flat.narrow(0, at, b).view(o.scalar_type()).view(o.sizes()));
+        at += b;
+      }
+    }
+  };
+  return submit(c10d::OpType::ALLGATHER_COALESCED, std::move(all), std::move(p));
 }
 
 ProcessGroupCohort::Work ProcessGroupCohort::gather(std::vector<Tensors>& outputs, Tensors& inputs,
@@ -598,31 +669,75 @@ ProcessGroupCohort::Work ProcessGroupCohort::alltoall(Tensors& outputs, Tensors&
   return padded_alltoall(op, c10d::OpType::ALLTOALL, outputs, inputs, outputs);
 }
 
-// Tags are accepted; messages between two ranks match in the order they were sent.
-ProcessGroupCohort::Work ProcessGroupCohort::send(Tensors& tensors, int dst_rank, int) {
+// Through the mailbox: a message matches the receive with its tag (from its sender or from any
+// rank), in the order sent, and each call completes by itself. Its Done completes the torch Work
+// on the mailbox's thread, or at once, and releases the tensors.
+ProcessGroupCohort::Work ProcessGroupCohort::send(Tensors& tensors, int dst_rank, int tag) {
   const char* op = "send";
   const at::Tensor& t = single(tensors, op);
   check_root(dst_rank, getSize(), op);
+  TORCH_CHECK(dst_rank != getRank(), "cohort: send: rank ", dst_rank, " is this rank itself");
   at::Tensor src = t.contiguous();
-  const Elements e = elements(src, op, false);
-  Pending p;
-  p.calls.push_back(
-      issue(op, [&] { return comm_->send(src.data_ptr(), e.count, e.type, dst_rank); }));
-  p.read_from(t, src);
-  return submit(c10d::OpType::SEND, {t}, std::move(p));
+  auto work = c10::make_intrusive<CohortWork>(getRank(), c10d::OpType::SEND, Tensors{t});
+  mailbox_call_started();
+  try {
+    mailbox_->isend(src.data_ptr(), static_cast<size_t>(src.nbytes()), dst_rank, tag,
+                    [this, work, src](const comm::Work& done) mutable {
+                      std::exception_ptr error;
+                      try {
+                        comm::Work(done).wait();
+                      } catch (...) {
+                        error = std::current_exception();
+                      }
+                      src = at::Tensor();
+                      work->complete(error);
+                      mailbox_call_ended();
+                    });
+  } catch (const std::exception& e) {
+    mailbox_call_ended();
+    TORCH_CHECK(false, "cohort: ", op, ": ", e.what());
+  }
+  return work;
 }
 
-ProcessGroupCohort::Work ProcessGroupCohort::recv(Tensors& tensors, int src_rank, int) {
-  const char* op = "recv";
+ProcessGroupCohort::Work ProcessGroupCohort::mailbox_recv(const char* op, c10d::OpType type,
+                                                          Tensors& tensors, int src_rank, int tag) {
   at::Tensor t = single(tensors, op);
-  check_root(src_rank, getSize(), op);
   at::Tensor dst = writable(t);
-  const Elements e = elements(dst, op, false);
-  Pending p;
-  p.calls.push_back(
-      issue(op, [&] { return comm_->recv(dst.data_ptr(), e.count, e.type, src_rank); }));
-  p.write_back(t, dst);
-  return submit(c10d::OpType::RECV, {t}, std::move(p));
+  auto work = c10::make_intrusive<CohortWork>(getRank(), type, Tensors{t});
+  mailbox_call_started();
+  try {
+    mailbox_->irecv(dst.data_ptr(), static_cast<size_t>(dst.nbytes()), src_rank, tag,
+                    [this, work, t, dst](const comm::Work& done) mutable {
+                      std::exception_ptr error;
+                      try {
+                        comm::Work(done).wait();
+                        if (!t.is_same(dst)) t.copy_(dst);
+                        work->set_source(done.source());
+                      } catch (...) {
+                        error = std::current_exception();
+                      }
+                      t = at::Tensor();
+                      dst = at::Tensor();
+                      work->complete(error);
+                      mailbox_call_ended();
+                    });
+  } catch (const std::exception& e) {
+    mailbox_call_ended();
+    TORCH_CHECK(false, "cohort: ", op, ": ", e.what());
+  }
+  return work;
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::recv(Tensors& tensors, int src_rank, int tag) {
+  check_root(src_rank, getSize(), "recv");
+  TORCH_CHECK(src_rank != getRank(), "cohort: recv: rank ", src_rank, " is this rank itself");
+  return mailbox_recv("recv", c10d::OpType::RECV, tensors, src_rank, tag);
+}
+
+ProcessGroupCohort::Work ProcessGroupCohort::recvAnysource(Tensors& tensors, int tag) {
+  return mailbox_recv("recv from any source", c10d::OpType::RECVANYSOURCE, tensors,
+                      comm::kAnySource, tag);
 }
 
 ProcessGroupCohort::Work ProcessGroupCohort::barrier(const c10d::BarrierOptions&) {

@@ -1,8 +1,10 @@
-// ProcessGroupCohort: torch.distributed's ProcessGroup over a Cohort communicator. Each torch call
-// is checked and issued at once as one Cohort call (a padded alltoall also agrees its block size
-// first); a completion thread waits on the calls in issue order, copies results into tensors
-// that were not contiguous, and completes the torch Work and its Future, which PyTorch DDP's
-// reducer waits on.
+// ProcessGroupCohort: torch.distributed's ProcessGroup over a Cohort communicator. Each torch
+// collective is checked and issued at once as one Cohort call (a padded alltoall also agrees its
+// block size first); a completion thread waits on the calls in issue order, copies results into
+// tensors that were not contiguous, and completes the torch Work and its Future, which PyTorch
+// DDP's reducer waits on. send, recv and recv from any source go through the communicator's
+// Mailbox instead: each completes by itself, in whatever order the ranks posted them (PyTorch's
+// pipeline schedules rely on that through batch_isend_irecv).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -24,12 +26,16 @@ class CohortWork : public c10d::Work {
   CohortWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
-  // Called once, by the completion thread: null on success, else Cohort's error.
+  // Called once, by the completion thread or the mailbox: null on success, else Cohort's error.
   void complete(std::exception_ptr error);
+  // A receive's sender, before complete().
+  void set_source(int rank) { source_ = rank; }
+  int sourceRank() const override;
 
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int source_ = -1;
 };
 
 class ProcessGroupCohort : public c10d::ProcessGroup {
@@ -50,6 +56,8 @@ class ProcessGroupCohort : public c10d::ProcessGroup {
   Work reduce(Tensors& tensors, const c10d::ReduceOptions& opts) override;
   Work allgather(std::vector<Tensors>& outputs, Tensors& inputs,
                  const c10d::AllgatherOptions& opts) override;
+  Work allgather_coalesced(std::vector<Tensors>& outputs, Tensors& inputs,
+                           const c10d::AllgatherOptions& opts) override;
   Work _allgather_base(at::Tensor& output, at::Tensor& input,
                        const c10d::AllgatherOptions& opts) override;
   Work gather(std::vector<Tensors>& outputs, Tensors& inputs,
@@ -66,6 +74,7 @@ class ProcessGroupCohort : public c10d::ProcessGroup {
   Work alltoall(Tensors& outputs, Tensors& inputs, const c10d::AllToAllOptions& opts) override;
   Work send(Tensors& tensors, int dst_rank, int tag) override;
   Work recv(Tensors& tensors, int src_rank, int tag) override;
+  Work recvAnysource(Tensors& tensors, int tag) override;
   Work barrier(const c10d::BarrierOptions& opts) override;
 
   // Waits until the completion thread holds no call: everything issued has completed and its
@@ -91,6 +100,11 @@ class ProcessGroupCohort : public c10d::ProcessGroup {
     void write_back(const at::Tensor& user, const at::Tensor& staged);
   };
   Work submit(c10d::OpType type, Tensors outputs, Pending p);
+  // A receive through the mailbox from `src_rank` (comm::kAnySource: any rank).
+  Work mailbox_recv(const char* op, c10d::OpType type, Tensors& tensors, int src_rank, int tag);
+  // Counts a mailbox call in flight until its Done runs, for drain().
+  void mailbox_call_started();
+  void mailbox_call_ended();
   // alltoall with a different block per peer: agree on the largest block, pad, exchange.
   Work padded_alltoall(const char* op, c10d::OpType type, Tensors outputs,
                        const std::vector<at::Tensor>& send_blocks,
@@ -98,7 +112,9 @@ class ProcessGroupCohort : public c10d::ProcessGroup {
   void complete_in_order();
 
   std::shared_ptr<comm::Communicator> comm_;
+  std::shared_ptr<comm::Mailbox> mailbox_;
   std::mutex mu_;
+  size_t mailbox_calls_ = 0;  // mailbox calls whose Done has not run yet
   std::condition_variable cv_;
   std::deque<Pending> pending_;
   bool busy_ = false;  // the completion thread holds a popped call
