@@ -26,6 +26,13 @@ import torch.distributed as _dist
 # COHORT_SPIN still wins.
 _os.environ.setdefault("COHORT_SPIN", "1")
 
+# `pip install` puts the GDCM helper (cohort-gdcm, docs/data.md) beside this file: cohort_data
+# was built naming the helper by its path in the build tree, and pip's temporary tree is gone.
+# A build tree's own package (PYTHONPATH=build/python) has none there and keeps that path.
+_gdcm_helper = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "cohort-gdcm")
+if _os.path.exists(_gdcm_helper):
+    _os.environ.setdefault("COHORT_GDCM_HELPER", _gdcm_helper)
+
 from . import _C
 from ._C import ProcessGroupCohort
 
