@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
       "plan", "Predict step time, memory and scaling of a model on a cluster, and recommend");
   runs[plan] = cohort::cli::add_plan(*plan);
 
+  CLI::App* report = app.add_subcommand(
+      "report", "One HTML page (SVG plots, PNG copies) of one or more runs' JSON logs");
+  runs[report] = cohort::cli::add_report(*report);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -21,5 +21,6 @@ Run add_checkpoint_inspect(CLI::App& app);
 Run add_checkpoint_consolidate(CLI::App& app);
 Run add_doctor(CLI::App& app);
 Run add_plan(CLI::App& app);
+Run add_report(CLI::App& app);
 
 }  // namespace cohort::cli

@@ -281,6 +281,8 @@ const std::vector<ConfigKey>& train_config_keys() {
       str("resume", "Continue exactly from the checkpoint in this folder", &C::resume),
       str("baseline-json", "A 1-rank run's --json: report scaling efficiency against it",
           &C::baseline_json),
+      str("report", "At the end, write this run's page here (cohort report: plots, HTML, PNG)",
+          &C::report),
       choice("precision", "Convolution and Linear compute: f32, bf16 or f16 (f32 master weights)",
              &C::precision, {Precision::f32, Precision::bf16, Precision::f16}, precision_name),
       num("loss-scale", "f16: initial dynamic loss scale", &C::loss_scale, 1.0f, 1e10f),

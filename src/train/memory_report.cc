@@ -16,7 +16,8 @@ int state_bytes(const std::string& optimizer, float momentum) {
 }
 
 std::vector<dist::MemoryReport> gather_memory(const nn::Model& m, dist::DataParallel* dp,
-                                              const nn::Optimizer& opt, comm::Communicator* world) {
+                                              const nn::Optimizer& opt, comm::Communicator* world,
+                                              const dist::StepMemory* steps) {
   dist::MemoryReport r;
   if (dp) {
     r = dp->memory(opt);
@@ -25,6 +26,10 @@ std::vector<dist::MemoryReport> gather_memory(const nn::Model& m, dist::DataPara
     r.parameters = r.gradients =
         static_cast<size_t>(const_cast<nn::Model&>(m).flat_values().numel()) * sizeof(float);
     dist::add_optimizer_state(r, opt);
+    if (steps) {
+      r.activations = steps->peak();
+      r.allocator_cache = steps->cache();
+    }
   }
   return gather_reports(r, world);
 }

@@ -16,6 +16,7 @@
 #include "cohort/dist/checkpoint.h"
 #include "cohort/dist/data_parallel.h"
 #include "cohort/dist/pipeline.h"
+#include "cohort/dist/step_memory.h"
 #include "cohort/nn/model.h"
 #include "cohort/nn/optim.h"
 #include "cohort/train/config.h"
@@ -96,9 +97,11 @@ void write_checkpoint(const Run& r, const dist::RunPosition& at);
 dist::RunPosition position_after(const Run& r, int64_t step, int64_t epoch, int64_t in_epoch);
 
 // The memory report of every rank (collective), as the table printed and as JSON.
-// One process (dp null): the model state alone, with the kernel's peak RSS.
+// One process (dp null): the model state, with what `steps` measured a step to add (activations,
+// allocator cache) where given, and the kernel's peak RSS.
 std::vector<dist::MemoryReport> gather_memory(const nn::Model& m, dist::DataParallel* dp,
-                                              const nn::Optimizer& opt, comm::Communicator* world);
+                                              const nn::Optimizer& opt, comm::Communicator* world,
+                                              const dist::StepMemory* steps = nullptr);
 // Every rank's report (this rank's is r, with the kernel's peak RSS added), by rank.
 std::vector<dist::MemoryReport> gather_reports(dist::MemoryReport r, comm::Communicator* world);
 nlohmann::json memory_json(const std::vector<dist::MemoryReport>& ranks);

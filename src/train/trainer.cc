@@ -12,6 +12,7 @@
 #include "cohort/nn/safetensors.h"
 #include "cohort/train/loss_scaler.h"
 #include "cohort/train/metrics.h"
+#include "cohort/train/report.h"
 #include "progress.h"
 #include "run.h"
 
@@ -65,10 +66,11 @@ nlohmann::json validate(Run& r, int64_t epoch, TrainSummary& s) {
   return out;
 }
 
-// Every rank's memory report: the engine's under data parallelism, the stage's under a pipeline.
-std::vector<dist::MemoryReport> memory_of(const Run& r) {
+// Every rank's memory report: the engine's under data parallelism, the stage's under a pipeline,
+// and in one process the model state with what `steps` measured a step to add.
+std::vector<dist::MemoryReport> memory_of(const Run& r, const dist::StepMemory& steps) {
   if (r.pipe) return gather_reports(r.pipe->memory(*r.opt), r.world.get());
-  return gather_memory(*r.model, r.dp.get(), *r.opt, r.world.get());
+  return gather_memory(*r.model, r.dp.get(), *r.opt, r.world.get(), r.dp ? nullptr : &steps);
 }
 
 // --baseline-json: this run's images/s against a smaller run's, per rank.
@@ -100,6 +102,7 @@ TrainSummary run_training(const TrainConfig& config) {
   nlohmann::json summary_extra = nlohmann::json::object();
   LossScaler scaler(c.precision == Precision::f16, c.loss_scale);
   ProgressMeter meter(r);
+  dist::StepMemory step_memory;  // one process: what a step allocates (DDP and ZeRO keep theirs)
   nlohmann::json log = config_json(r);
   TrainSummary s;
   s.first_step = r.pos.step;
@@ -115,6 +118,8 @@ TrainSummary run_training(const TrainConfig& config) {
       // Micro-batches: gradients accumulate; only the last one communicates.
       double data_s = 0, comm_s = 0;
       auto t_step = Clock::now();
+      const bool measure_memory = !r.dp && !r.pipe;
+      if (measure_memory) step_memory.begin();
       if (r.dp) {
         r.dp->zero_grad();
       } else if (r.pipe) {
@@ -158,6 +163,7 @@ TrainSummary run_training(const TrainConfig& config) {
             "%g\n",
             static_cast<long long>(step + 1), scale, scaler.scale());
       }
+      if (measure_memory) step_memory.end();
       const double compute_s = seconds_since(t_step) - data_s - comm_s;
       COHORT_CHECK(std::isfinite(loss), "loss is " << loss << " at step " << step << " (lr " << lr
                                                    << "): training diverged");
@@ -183,7 +189,7 @@ TrainSummary run_training(const TrainConfig& config) {
                     static_cast<uint64_t>(images) *
                         static_cast<uint64_t>(r.global_batch / (int64_t{c.batch} * c.accum_steps)),
                     r.dp ? r.dp->traffic() : dist::Traffic()});
-      if (c.max_memory > 0) check_memory_cap(memory_of(r), c.max_memory, step);
+      if (c.max_memory > 0) check_memory_cap(memory_of(r, step_memory), c.max_memory, step);
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0 && step < r.total) {
         write_checkpoint(r, position_after(r, step, epoch, in_epoch));
       }
@@ -213,7 +219,7 @@ TrainSummary run_training(const TrainConfig& config) {
     r.say("train: per step: compute %.1f ms, exposed communication %.1f ms, data wait %.1f ms\n",
           meter.compute_ms(), meter.comm_ms(), meter.data_ms());
   }
-  const std::vector<dist::MemoryReport> memory = memory_of(r);
+  const std::vector<dist::MemoryReport> memory = memory_of(r, step_memory);
   if (r.pipe) {
     // Every stage's time split and the bubble, against the formula.
     const std::vector<dist::StageStats> st = r.pipe->gather_stats();
@@ -284,6 +290,20 @@ TrainSummary run_training(const TrainConfig& config) {
   if (!c.json.empty() && r.lead) {
     std::string text = log.dump(1) + "\n";
     nn::write_file_atomically(c.json, {{text.data(), text.size()}});
+  }
+  if (!c.report.empty() && r.lead) {
+    // The page of this run (cohort report); without --json the log goes beside it, so that the
+    // page can be drawn again, or with other runs.
+    std::string source = c.json;
+    if (source.empty()) {
+      std::filesystem::create_directories(c.report);
+      source = (std::filesystem::path(c.report) / "train.json").string();
+      std::string text = log.dump(1) + "\n";
+      nn::write_file_atomically(source, {{text.data(), text.size()}});
+    }
+    const ReportFiles f = write_report({parse_run_log(log, source)}, c.report);
+    r.say("train: report in %s (%zu plots%s)\n", f.page.c_str(), f.svgs.size(),
+          f.pngs.empty() ? ", SVG only: built without librsvg" : ", with PNG copies");
   }
   if (r.world) r.world->barrier().wait();
   return s;

@@ -74,6 +74,7 @@ struct TrainConfig {
   float clip_grad_norm = 0;      // 0: off
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when checkpoint-dir is set
   std::string checkpoint_dir, resume, baseline_json;
+  std::string report;  // a folder: rank 0 writes the run's page there at the end (cohort report)
   // Mixed precision: convolutions and Linear layers in bf16 or f16 (f32 master weights,
   // gradients and optimiser state); f16 adds dynamic loss scaling.
   Precision precision = Precision::f32;
