@@ -144,11 +144,11 @@ size_t Pipeline::batches_per_epoch() const {
   return (per + static_cast<size_t>(opt_.batch) - 1) / static_cast<size_t>(opt_.batch);
 }
 
-void Pipeline::start_epoch(uint64_t epoch, size_t from) {
+void Pipeline::start_epoch(uint64_t epoch, size_t from, size_t to) {
   std::unique_lock<std::mutex> lock(mu_);
   // Wait for tasks of the previous epoch still running: they write into the slots.
   ready_cv_.wait(lock, [&] { return inflight_ == 0; });
-  order_ = sampler_.indices(epoch, from);
+  order_ = sampler_.indices(epoch, from, to);
   epoch_ = epoch;
   next_task_ = 0;
   handed_next_ = 0;

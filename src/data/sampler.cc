@@ -1,5 +1,6 @@
 #include "cohort/data/sampler.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "cohort/core/error.h"
@@ -35,10 +36,26 @@ std::vector<size_t> Sampler::global_order(uint64_t epoch) const {
   return order;
 }
 
-std::vector<size_t> Sampler::indices(uint64_t epoch, size_t from) const {
+size_t Sampler::count_in(size_t from, size_t to) const {
+  to = std::min(to, total_);
+  const size_t r = static_cast<size_t>(rank_), w = static_cast<size_t>(world_);
+  return to > from + r ? (to - from - r - 1) / w + 1 : 0;
+}
+
+std::vector<size_t> Sampler::indices(uint64_t epoch, size_t from, size_t to) const {
   COHORT_CHECK(from <= total_,
                "resume position " << from << " is past the epoch's " << total_ << " samples");
   std::vector<size_t> order = global_order(epoch);
+  if (to < total_) {
+    COHORT_CHECK(opt_.groups == 1, "a range of positions [" << from << ", " << to
+                                                            << ") with sampler groups "
+                                                            << opt_.groups);
+    std::vector<size_t> mine;
+    mine.reserve(count_in(from, to));
+    for (size_t p = from + static_cast<size_t>(rank_); p < to; p += static_cast<size_t>(world_))
+      mine.push_back(order[p]);
+    return mine;
+  }
   if (opt_.groups > 1) {
     // Virtual rank v = g*rank + k takes positions from + v + V*t; batch c of each in turn.
     const size_t g = static_cast<size_t>(opt_.groups), V = static_cast<size_t>(world_) * g;

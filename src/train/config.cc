@@ -286,6 +286,13 @@ const std::vector<ConfigKey>& train_config_keys() {
       choice("precision", "Convolution and Linear compute: f32, bf16 or f16 (f32 master weights)",
              &C::precision, {Precision::f32, Precision::bf16, Precision::f16}, precision_name),
       num("loss-scale", "f16: initial dynamic loss scale", &C::loss_scale, 1.0f, 1e10f),
+      str("resume-policy",
+          "A resume off this layout's batches: auto (exact where possible, else repeat), exact, "
+          "repeat or skip the samples to the next boundary",
+          &C::resume_policy, {"auto", "exact", "repeat", "skip"}),
+      str("sample-log",
+          "Each rank writes PATH.rank<R>: a line per micro-batch, epoch step data set indices",
+          &C::sample_log),
   };
   return keys;
 }

@@ -105,6 +105,114 @@ void announce(const Run& r) {
   }
 }
 
+// Positions [a, b) of an epoch's global order, for the log: "sample positions 8..11 of epoch 0
+// (data set indices 17, 3, 40, 22)".
+std::string positions_text(const Run& r, uint64_t epoch, uint64_t a, uint64_t b) {
+  std::ostringstream o;
+  o << "sample position" << (b - a == 1 ? " " : "s ") << a;
+  if (b - a > 1) o << ".." << b - 1;
+  o << " of epoch " << epoch << " (data set indices ";
+  const std::vector<size_t> order = r.train->sampler().global_order(epoch);
+  for (uint64_t p = a; p < b && p < a + 16; ++p) o << (p > a ? ", " : "") << order[p];
+  o << (b - a > 16 ? ", ...)" : ")");
+  return o.str();
+}
+
+// A resume at a position that is no whole number of this layout's global batches (another
+// world size, batch or accumulation than the run that wrote the checkpoint). --resume-policy:
+// exact trains the samples left of that step as a shorter first step (the trainer's loop: a
+// micro-batch's leftover dealt over the ranks from the position, some ranks taking fewer or
+// none, then the step's remaining whole micro-batches, the loss averaged over the samples the
+// step has); repeat goes back, skip goes on, to a micro-batch boundary, naming the positions.
+// A pipeline runs whole mini-batches only, and SyncBatchNorm cannot leave a rank without a
+// sample (it would count that rank's stand-in), so there auto is repeat. When the global batch
+// changed, the step count becomes this layout's (epoch x steps per epoch + steps into it), so
+// that the learning-rate schedule goes on at the same sample.
+void place_resume(Run& r, bool piped, int data_world) {
+  const TrainConfig& c = r.c;
+  const uint64_t gb = static_cast<uint64_t>(r.global_batch);
+  const uint64_t total = r.train->sampler().total_size();
+  const uint64_t micro = piped ? gb : static_cast<uint64_t>(c.batch) * data_world;
+  const uint64_t end = std::min(static_cast<uint64_t>(r.per_epoch) * gb, total);  // last step's
+  const uint64_t epoch = static_cast<uint64_t>(r.pos.epoch);
+  uint64_t& at = r.pos.position;
+  if (at % gb != 0 && at < end) {
+    const uint64_t back = at - at % micro, on = std::min(back + micro, total);
+    const uint64_t step_end = std::min(at - at % gb + gb, total);
+    std::ostringstream why;  // why this layout cannot train the leftover exactly
+    if (piped) {
+      why << "a pipeline runs whole mini-batches of " << c.batch << " per replica only";
+    } else if (c.sync_bn && at % micro != 0 && on - at < static_cast<uint64_t>(data_world)) {
+      why << "SyncBatchNorm: the " << on - at << " sample(s) left of the micro-batch leave "
+          << static_cast<uint64_t>(data_world) - (on - at) << " of the " << data_world
+          << " ranks without one";
+    }
+    std::ostringstream head;
+    head << "position " << at << " of epoch " << epoch << " is not a whole number of global "
+         << "batches of " << gb << " (" << data_world << (piped ? " replicas" : " ranks")
+         << " x batch " << c.batch << " x accumulation " << c.accum_steps << ")";
+    std::string policy = c.resume_policy;
+    if (policy == "auto") policy = why.str().empty() ? "exact" : "repeat";
+    COHORT_CHECK(policy != "exact" || why.str().empty(),
+                 c.resume << ": " << head.str()
+                          << ", and this layout cannot train the samples left of that step as a "
+                             "shorter first step ("
+                          << why.str() << "); --resume-policy repeat trains "
+                          << (back < at ? positions_text(r, epoch, back, at) : "nothing")
+                          << " again, --resume-policy skip skips "
+                          << positions_text(r, epoch, at, on));
+    if (policy == "exact") {
+      std::ostringstream what;
+      what << "the first step trains the " << step_end - at << " sample(s) left of step "
+           << at / gb + 1 << " of the epoch (positions " << at << ".." << step_end - 1 << ")";
+      if (at % micro != 0) {
+        what << ": positions " << at << ".." << on - 1 << " dealt over the ranks (";
+        for (int k = 0; k < data_world; ++k) {
+          const uint64_t n = on > at + k ? (on - at - k - 1) / data_world + 1 : 0;
+          what << (k ? ", " : "") << n;
+        }
+        what << " sample(s) on ranks 0.." << data_world - 1 << ")";
+        if (step_end > on) what << ", then " << (step_end - on) / micro << " whole micro-batch(es)";
+      }
+      what << ", its loss averaged over those samples; steps of " << gb << " go on from position "
+           << step_end;
+      r.say("train: resume: %s: %s\n", head.str().c_str(), what.str().c_str());
+    } else if (policy == "repeat") {
+      r.say("train: resume: %s: %s are trained again (--resume-policy repeat%s)\n",
+            head.str().c_str(), positions_text(r, epoch, back, at).c_str(),
+            why.str().empty() ? "" : (", since " + why.str()).c_str());
+      at = back;
+    } else {
+      r.say("train: resume: %s: %s are skipped (--resume-policy skip)\n", head.str().c_str(),
+            positions_text(r, epoch, at, on).c_str());
+      at = on;
+    }
+  }
+  if (at > 0 && at >= end) {
+    // Past this layout's last step of the epoch (its steps stop at position `end`).
+    if (at < total) {
+      r.say("train: resume: %s are past this layout's last step of the epoch and are not trained\n",
+            positions_text(r, epoch, at, total).c_str());
+    }
+    r.pos.epoch += 1;
+    at = 0;
+  }
+  const int64_t saved = r.pos.global_batch;  // the checkpoint's (0: not recorded)
+  if (saved > 0 && saved != r.global_batch) {
+    const int64_t step = r.pos.epoch * r.per_epoch + static_cast<int64_t>(at / gb);
+    if (step != r.pos.step) {
+      r.say(
+          "train: resume: step %lld of the checkpoint (global batch %lld) is step %lld of this "
+          "layout (global batch %lld): the learning-rate schedule goes on at sample %llu of "
+          "epoch %lld\n",
+          static_cast<long long>(r.pos.step), static_cast<long long>(saved),
+          static_cast<long long>(step), static_cast<long long>(r.global_batch),
+          static_cast<unsigned long long>(at), static_cast<long long>(r.pos.epoch));
+      r.pos.step = step;
+    }
+  }
+}
+
 }  // namespace
 
 // Compute threads when none were asked for: the cores this rank may run on, shared with the
@@ -377,21 +485,7 @@ Run set_up(const TrainConfig& config) {
     if (r.pipe) r.pipe->after_step();
     COHORT_CHECK(r.pos.seed == c.seed,
                  resume << ": checkpoint seed " << r.pos.seed << ", this run's " << c.seed);
-    const uint64_t gb = static_cast<uint64_t>(r.global_batch);
-    if (r.pos.position % gb != 0 && !batch_change.empty()) {
-      // The global batch changed: the epoch goes on from the last whole new batch.
-      const uint64_t from = r.pos.position - r.pos.position % gb;
-      r.say(
-          "train: restart: samples %llu..%llu of epoch %lld are trained on again (the new "
-          "global batch of %lld does not divide position %llu)\n",
-          static_cast<unsigned long long>(from),
-          static_cast<unsigned long long>(r.pos.position - 1), static_cast<long long>(r.pos.epoch),
-          static_cast<long long>(r.global_batch), static_cast<unsigned long long>(r.pos.position));
-      r.pos.position = from;
-    }
-    COHORT_CHECK(r.pos.position % gb == 0, resume << ": position " << r.pos.position
-                                                  << " is not a whole number of global batches of "
-                                                  << r.global_batch);
+    place_resume(r, piped, data_world);
     r.say("train: resumed from %s at step %lld (epoch %lld, sample %llu)\n", resume.c_str(),
           static_cast<long long>(r.pos.step), static_cast<long long>(r.pos.epoch),
           static_cast<unsigned long long>(r.pos.position));

@@ -2,6 +2,7 @@
 // backward), DDP's finish, loss scaling, clipping and the optimiser, the progress meter and
 // checkpoints; per epoch validation; at the end the summary, the final checkpoint, the weights
 // and the JSON log.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -107,9 +108,32 @@ TrainSummary run_training(const TrainConfig& config) {
   TrainSummary s;
   s.first_step = r.pos.step;
   int64_t step = r.pos.step, epoch = r.pos.epoch, in_epoch = 0;
+  const int data_world = static_cast<int>(r.global_batch / (int64_t{c.batch} * c.accum_steps));
+  std::ofstream sample_log;  // --sample-log: the data set indices of every micro-batch
+  if (!c.sample_log.empty()) {
+    const std::string path = c.sample_log + ".rank" + std::to_string(r.job.rank);
+    sample_log.open(path);
+    COHORT_CHECK(sample_log, "cannot write --sample-log " << path);
+  }
   for (; epoch < c.epochs && step < r.total; ++epoch) {
     const uint64_t from = epoch == r.pos.epoch ? r.pos.position : 0;
-    r.train->start_epoch(static_cast<uint64_t>(epoch), from);
+    // A resume off this layout's global batches (set_up's place_resume chose exact): the first
+    // step trains the positions left of it, [from, from + short_samples): the rest of a
+    // micro-batch, [from, partial_end), dealt over the ranks from `from` (a rank may get fewer
+    // samples, or none), then the step's remaining whole micro-batches. Its loss is averaged
+    // over those samples: each micro-batch's mean weighs its samples' share of the step.
+    const uint64_t gb = static_cast<uint64_t>(r.global_batch);
+    const uint64_t micro = static_cast<uint64_t>(c.batch) * static_cast<uint64_t>(data_world);
+    uint64_t short_samples = 0, partial_end = 0;
+    int first_micro = 0;
+    if (from % gb != 0) {
+      COHORT_CHECK(!r.pipe, "a pipeline resumes at whole steps only, not at position " << from);
+      const uint64_t total = r.train->sampler().total_size();
+      short_samples = std::min(from - from % gb + gb, total) - from;
+      first_micro = static_cast<int>(from % gb / micro);
+      if (from % micro != 0) partial_end = std::min(from - from % micro + micro, total);
+    }
+    r.train->start_epoch(static_cast<uint64_t>(epoch), from, partial_end ? partial_end : SIZE_MAX);
     double epoch_loss = 0;
     int64_t epoch_steps = 0;
     in_epoch = static_cast<int64_t>(from / static_cast<uint64_t>(r.global_batch));
@@ -129,24 +153,64 @@ TrainSummary run_training(const TrainConfig& config) {
       }
       float loss = 0;
       int images = 0;
-      for (int k = 0; k < c.accum_steps; ++k) {
+      const bool short_step = short_samples > 0;
+      double short_loss = 0;  // this rank's loss summed over its samples of a short step
+      for (int k = short_step ? first_micro : 0; k < c.accum_steps; ++k) {
         auto t0 = Clock::now();
-        COHORT_CHECK(r.train->next(&b), "rank " << r.job.rank << " ran out of data at step " << step
-                                                << " of epoch " << epoch);
+        const bool partial = partial_end > 0 && k == first_micro;
+        const bool have = r.train->next(&b);
+        COHORT_CHECK(have || partial, "rank " << r.job.rank << " ran out of data at step " << step
+                                              << " of epoch " << epoch);
         data_s += seconds_since(t0);
-        const float scale = scaler.scale() / static_cast<float>(c.accum_steps);
-        const Targets t = batch_targets(b, c.multilabel, r.classes);
-        if (r.pipe) {
-          loss += pipeline_forward_backward(*r.pipe, batch_tensor(b), t, c.micro_batches,
-                                            c.label_smoothing, scale) /
-                  static_cast<float>(c.accum_steps);
-        } else {
-          loss += forward_backward(*r.model, batch_tensor(b), t, c.label_smoothing, scale,
-                                   r.dp.get(), k == c.accum_steps - 1, nullptr) /
-                  static_cast<float>(c.accum_steps);
+        const int n = have ? b.size : 0;
+        if (sample_log.is_open()) {
+          sample_log << epoch << ' ' << step << ' ' << k;
+          for (int i = 0; i < n; ++i) sample_log << ' ' << b.indices[i];
+          sample_log << '\n';
         }
-        images += b.size;
+        const float scale = short_step
+                                ? scaler.scale() * static_cast<float>(data_world) *
+                                      static_cast<float>(n) / static_cast<float>(short_samples)
+                                : scaler.scale() / static_cast<float>(c.accum_steps);
+        Tensor x;
+        Targets t;
+        if (have) {
+          x = batch_tensor(b);
+          t = batch_targets(b, c.multilabel, r.classes);
+        } else {
+          // No sample for this rank: a stand-in image of zeros with no weight in the loss, so
+          // that its forward and backward still take part in every collective of the step.
+          x = Tensor::zeros({1, r.in_channels, c.image_size, c.image_size}, tensor::DType::f32,
+                            tensor::Order::channels_last);
+          if (c.multilabel) {
+            t.multilabel = Tensor::zeros({1, r.classes});
+          } else {
+            t.classes = {0};
+          }
+        }
+        if (r.pipe) {
+          loss +=
+              pipeline_forward_backward(*r.pipe, x, t, c.micro_batches, c.label_smoothing, scale) /
+              static_cast<float>(c.accum_steps);
+        } else {
+          const float value = forward_backward(*r.model, x, t, c.label_smoothing, scale, r.dp.get(),
+                                               k == c.accum_steps - 1, nullptr);
+          if (short_step) {
+            short_loss += static_cast<double>(value) * n;
+          } else {
+            loss += value / static_cast<float>(c.accum_steps);
+          }
+        }
+        images += n;
+        // The leftover micro-batch done, the epoch goes on at the next micro-batch boundary.
+        if (partial) r.train->start_epoch(static_cast<uint64_t>(epoch), partial_end);
       }
+      if (short_step) loss = images > 0 ? static_cast<float>(short_loss / images) : 0.0f;
+      const uint64_t step_images =
+          short_step ? short_samples
+                     : static_cast<uint64_t>(images) * static_cast<uint64_t>(data_world);
+      short_samples = 0;
+      partial_end = 0;
       if (r.dp) comm_s = r.dp->finish();
       if (r.pipe) comm_s = r.pipe->finish();
       // Loss scaling, clipping (over every rank's shard), the optimiser, the updated shards out.
@@ -185,9 +249,7 @@ TrainSummary run_training(const TrainConfig& config) {
       s.losses.push_back(loss);
       s.final_loss = loss;
       epoch_loss += loss;
-      meter.record({step, epoch, loss, lr, compute_s, comm_s, data_s,
-                    static_cast<uint64_t>(images) *
-                        static_cast<uint64_t>(r.global_batch / (int64_t{c.batch} * c.accum_steps)),
+      meter.record({step, epoch, loss, lr, compute_s, comm_s, data_s, step_images,
                     r.dp ? r.dp->traffic() : dist::Traffic()});
       if (c.max_memory > 0) check_memory_cap(memory_of(r, step_memory), c.max_memory, step);
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0 && step < r.total) {

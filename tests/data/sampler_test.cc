@@ -109,3 +109,37 @@ TEST(Sampler, GroupsReplayTheBatchesOfALargerWorld) {
               2 * Sampler(n, 4, 0, {7, true, false}).per_rank());
   }
 }
+
+// A resume's leftover, positions [from, to), is dealt over the ranks from `from`: ranks may get
+// one sample fewer than rank 0, or none, and together they take each position once, in order.
+TEST(Sampler, ARangeIsDealtFromItsStartWithoutPadding) {
+  const size_t n = 72;
+  const auto global = Sampler(n, 1, 0, {9}).global_order(1);
+  for (int world : {1, 2, 3, 4}) {
+    for (auto [from, to] :
+         {std::pair<size_t, size_t>{8, 12}, {10, 12}, {32, 36}, {70, 72}, {5, 5}, {0, 71}}) {
+      std::vector<std::vector<size_t>> parts;
+      for (int r = 0; r < world; ++r) {
+        Sampler s(n, world, r, {9});
+        parts.push_back(s.indices(1, from, to));
+        EXPECT_EQ(parts.back().size(), s.count_in(from, to)) << "rank " << r;
+      }
+      std::vector<size_t> merged;
+      for (size_t k = 0; k < parts[0].size(); ++k) {
+        for (int r = 0; r < world; ++r)
+          if (k < parts[static_cast<size_t>(r)].size()) merged.push_back(parts[r][k]);
+      }
+      ASSERT_EQ(merged.size(), to - from) << "world " << world << " [" << from << ", " << to << ")";
+      EXPECT_TRUE(
+          std::equal(merged.begin(), merged.end(), global.begin() + static_cast<long>(from)))
+          << "world " << world << " [" << from << ", " << to << ")";
+    }
+  }
+  // 2 positions over 3 ranks: 1, 1 and none.
+  EXPECT_EQ(Sampler(n, 3, 0, {9}).count_in(10, 12), 1u);
+  EXPECT_EQ(Sampler(n, 3, 1, {9}).count_in(10, 12), 1u);
+  EXPECT_EQ(Sampler(n, 3, 2, {9}).count_in(10, 12), 0u);
+  EXPECT_TRUE(Sampler(n, 3, 2, {9}).indices(0, 10, 12).empty());
+  // Groups stand in for a larger world's batches: a range is not theirs to deal.
+  EXPECT_THROW(Sampler(n, 2, 0, {9, true, false, 2, 3}).indices(0, 8, 12), cohort::Error);
+}

@@ -79,8 +79,9 @@ class Pipeline {
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  // Starts an epoch at a global position (resume); batches then come in order.
-  void start_epoch(uint64_t epoch, size_t from = 0);
+  // Starts an epoch at a global position (resume); batches then come in order. With `to`,
+  // only this rank's share of positions [from, to) (Sampler::indices), which may be none.
+  void start_epoch(uint64_t epoch, size_t from = 0, size_t to = SIZE_MAX);
   // The next batch of the epoch, valid until the next call; false at the end of the epoch.
   bool next(Batch* out);
   // The next batch, valid until release(ticket), across epochs; nullopt at the end of the epoch.

@@ -5,6 +5,9 @@
 // With `groups` g > 1 a rank stands in for g ranks of a world g times larger (ranks g*r ..
 // g*r+g-1), taking one batch of each in turn: a run restarted on fewer ranks with g times the
 // accumulation then sees the very micro-batches of the larger world, step by step.
+// A range [from, to) of positions is dealt the same way from `from` (rank r: from + r, from + r
+// + world, ... below `to`), so ranks may get different counts, or none: a resume that does not
+// fall on the new layout's batches trains its leftover samples so (docs/training.md).
 #pragma once
 
 #include <cstddef>
@@ -28,8 +31,12 @@ class Sampler {
   // Global order of one epoch after padding or cutting: length total_size().
   std::vector<size_t> global_order(uint64_t epoch) const;
   // This rank's dataset indices for the epoch, starting at global position `from` (a multiple
-  // of nothing in particular: positions before it are skipped on every rank).
-  std::vector<size_t> indices(uint64_t epoch, size_t from = 0) const;
+  // of nothing in particular: positions before it are skipped on every rank). With `to` below
+  // the epoch's end, only positions [from, to), without padding (groups must be 1).
+  std::vector<size_t> indices(uint64_t epoch, size_t from = 0, size_t to = SIZE_MAX) const;
+  // How many of positions [from, to) this rank takes (what indices(e, from, to) returns for a
+  // `to` below the epoch's end).
+  size_t count_in(size_t from, size_t to) const;
 
   size_t total_size() const { return total_; }         // per epoch, all ranks
   size_t per_rank() const { return total_ / world_; }  // samples per rank per epoch

@@ -79,6 +79,12 @@ struct TrainConfig {
   // gradients and optimiser state); f16 adds dynamic loss scaling.
   Precision precision = Precision::f32;
   float loss_scale = 65536;  // f16: the initial dynamic loss scale
+  // --resume at a position that is no whole number of this layout's batches (docs/training.md):
+  // auto (exact where the layout can run the leftover samples as a shorter first step, else
+  // repeat), exact (refuse where it cannot), repeat (back to the last micro-batch boundary) or
+  // skip (on to the next one).
+  std::string resume_policy = "auto";
+  std::string sample_log;  // every rank writes the data set indices of each micro-batch here
 };
 
 struct ConfigKey {
