@@ -388,7 +388,12 @@ void check_structure(std::span<const uint8_t> bytes, const std::string& name) {
 }  // namespace
 
 double voi_linear(double x, Window w) {
-  const double c = w.center, wd = std::max(w.width, 1.0);
+  const double c = w.center, wd = w.width;
+  if (w.exact || wd < 1) {  // LINEAR_EXACT (C.11.2.1.3.2), which a width below 1 needs
+    if (x <= c - wd / 2) return 0.0;
+    if (x > c + wd / 2) return 1.0;
+    return (x - c) / wd + 0.5;
+  }
   if (x <= c - 0.5 - (wd - 1) / 2) return 0.0;
   if (x > c - 0.5 + (wd - 1) / 2) return 1.0;
   if (wd <= 1) return 1.0;
@@ -408,16 +413,29 @@ struct StoredFormat {
 
 namespace {
 
-// Stored values to windowed output through one table: stored value -> modality value (rescale)
-// -> VOI window -> [0, 65535], MONOCHROME1 inverted. Stored values have at most 16 bits, so the
-// table has at most 65536 entries, built once per image; a pixel is then a mask and a lookup.
+// Stored values to windowed output: stored value -> modality value (rescale, dose scaling) ->
+// VOI window -> [0, 65535], MONOCHROME1 inverted. Stored values of up to 16 bits go through one
+// table, built once per image (at most 65536 entries); a pixel is then a mask and a lookup.
 // (Converting each pixel through a double and lround cost 73.6 ms for a 2048x2048 scan; the
-// table: a few ms.)
+// table: a few ms.) 32-bit values (RT Dose grids, parametric maps) have too many for a table:
+// each pixel is windowed from its own modality value, so a window narrower than the image's
+// range keeps every distinct value (they were once squeezed onto 16 bits over the whole range
+// first, which a narrow window then saw as a few steps).
 struct Windowing {
   std::vector<uint16_t> lut;
   int shift = 0;
   uint32_t mask = 0;
-  int bytes = 1;  // per stored value: 1 or 2
+  int bytes = 1;  // per stored value: 1, 2 or 4
+  // 4 bytes: what the table would hold, computed per pixel.
+  bool is_signed = false, monochrome1 = false;
+  double slope = 1.0, intercept = 0.0;
+  Window window;
+  uint16_t direct(uint32_t u) const {
+    const double s = is_signed ? static_cast<double>(static_cast<int32_t>(u)) : u;
+    double y = voi_linear(s * slope + intercept, window);
+    if (monochrome1) y = 1.0 - y;
+    return static_cast<uint16_t>(std::lround(y * 65535.0));
+  }
   // Pixels x0..x0+n-1 of stored row `row`, windowed through `table` (`lut`, or the same values
   // in another type: a table of floats spares the resampler a conversion per pixel).
   template <typename Out>
@@ -425,29 +443,43 @@ struct Windowing {
     if (bytes == 1) {
       const uint8_t* r = row + x0;
       for (int x = 0; x < n; ++x) out[x] = table[(r[x] >> shift) & mask];
-    } else {
+    } else if (bytes == 2) {
       const uint8_t* r = row + 2 * static_cast<size_t>(x0);
       for (int x = 0; x < n; ++x) {
         uint16_t u;
         std::memcpy(&u, r + 2 * x, 2);
         out[x] = table[(u >> shift) & mask];
       }
+    } else {
+      const uint8_t* r = row + 4 * static_cast<size_t>(x0);
+      for (int x = 0; x < n; ++x) {
+        uint32_t u;
+        std::memcpy(&u, r + 4 * x, 4);
+        out[x] = static_cast<Out>(direct(u));
+      }
     }
   }
 };
 
-// The table of grayscale stored values `raw` (format `f`) under `window`, or, with none, under
-// the full range of the image's modality values.
+// The windowing of grayscale stored values `raw` (format `f`) under `window`, or, with none,
+// under the full range of the image's modality values.
 Windowing windowing(const uint8_t* raw, const StoredFormat& f, std::optional<Window> window) {
   const size_t px = static_cast<size_t>(f.width) * static_cast<size_t>(f.height);
   const int alloc = f.bits_allocated;
   const int stored = std::clamp(f.bits_stored > 0 ? f.bits_stored : alloc, 1, alloc);
   const int high = f.high_bit >= 0 ? std::min(f.high_bit, alloc - 1) : stored - 1;
+  if (window && !(window->width > 0)) {
+    COHORT_THROW("DICOM window: width " << window->width << " (center " << window->center
+                                        << "); a window's width must be above 0");
+  }
   Windowing t;
   t.shift = std::max(0, high + 1 - stored);
   t.mask = stored >= 32 ? ~0u : (1u << stored) - 1u;
   t.bytes = alloc / 8;
-  const size_t entries = size_t{1} << stored;
+  t.is_signed = f.is_signed;
+  t.monochrome1 = f.monochrome1;
+  t.slope = f.slope;
+  t.intercept = f.intercept;
   auto value_of = [&](uint32_t index) {  // the modality value of a stored value
     int64_t v = index;
     if (f.is_signed && (index >> (stored - 1)) & 1u) v -= int64_t{1} << stored;  // sign extend
@@ -457,10 +489,12 @@ Windowing windowing(const uint8_t* raw, const StoredFormat& f, std::optional<Win
     uint32_t s;
     if (alloc == 8) {
       s = raw[i];
-    } else {
+    } else if (alloc == 16) {
       uint16_t u;
       std::memcpy(&u, raw + 2 * i, 2);
       s = u;
+    } else {
+      std::memcpy(&s, raw + 4 * i, 4);
     }
     return (s >> t.shift) & t.mask;
   };
@@ -468,26 +502,31 @@ Windowing windowing(const uint8_t* raw, const StoredFormat& f, std::optional<Win
   if (window) {
     win = *window;
   } else {  // no window anywhere: the full range of the modality values
-    uint32_t lo = t.mask, hi = 0;
-    if (f.is_signed) {  // order by value, not by stored bits
-      double vlo = value_of(index_at(0)), vhi = vlo;
+    double vlo = value_of(index_at(0)), vhi = vlo;
+    if (f.is_signed || alloc == 32) {  // order by value, not by stored bits
       for (size_t i = 0; i < px; ++i) {
         const double v = value_of(index_at(i));
         vlo = std::min(vlo, v);
         vhi = std::max(vhi, v);
       }
-      win = Window{(vlo + vhi + 1) / 2, std::max(1.0, vhi - vlo + 1)};
     } else {
+      uint32_t lo = t.mask, hi = 0;
       for (size_t i = 0; i < px; ++i) {
         const uint32_t s = index_at(i);
         lo = std::min(lo, s);
         hi = std::max(hi, s);
       }
       const double a = value_of(lo), b = value_of(hi);
-      const double vlo = std::min(a, b), vhi = std::max(a, b);
-      win = Window{(vlo + vhi + 1) / 2, std::max(1.0, vhi - vlo + 1)};
+      vlo = std::min(a, b);
+      vhi = std::max(a, b);
     }
+    // DICOM's LINEAR function maps this window's [c - 0.5 - (w-1)/2, c - 0.5 + (w-1)/2] =
+    // [vlo, vhi] onto [0, 1], whatever the range (a dose grid's may be below 1 Gy).
+    win = Window{(vlo + vhi + 1) / 2, std::max(1.0, vhi - vlo + 1)};
   }
+  t.window = win;
+  if (alloc == 32) return t;  // windowed per pixel
+  const size_t entries = size_t{1} << stored;
   t.lut.resize(entries);
   for (size_t s = 0; s < entries; ++s) {
     double y = voi_linear(value_of(static_cast<uint32_t>(s)), win);
@@ -530,12 +569,34 @@ std::optional<int> us_value(const gdcm::DataSet& ds, uint16_t group, uint16_t el
   return v;
 }
 
-// The window of the file: the first of (possibly several) center and width values.
+// The window of the file: the first of (possibly several) center and width values, with its
+// VOI LUT Function (0028,1056) when that is LINEAR_EXACT. (SIGMOID is read as LINEAR.)
 std::optional<Window> file_window(const gdcm::DataSet& ds) {
   auto c = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1050)));
   auto w = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1051)));
-  if (c && w && *w >= 1) return Window{*c, *w};
+  const bool exact = element_string(ds, gdcm::Tag(0x0028, 0x1056)).rfind("LINEAR_EXACT", 0) == 0;
+  if (c && w && *w > 0) return Window{*c, *w, exact};
   return std::nullopt;
+}
+
+// The modality rescale of the data set's top level into `f`: Rescale Slope and Intercept
+// (PS3.3 C.11.1; a missing or zero slope is 1), then Dose Grid Scaling (3004,000E), which turns
+// an RT Dose grid's stored values into dose (C.8.8.3). False when the data set has none of them.
+// Both decoding paths take the rescale from here: GDCM's image reader applies Rescale Slope for
+// some SOP classes only, and Dose Grid Scaling in place of it, so the same pixels in another
+// transfer syntax were once other modality values (16-bit RT Dose, read in place, was left in
+// stored units, and a window given in Gy saw every pixel above it).
+bool read_rescale(const gdcm::DataSet& ds, StoredFormat& f) {
+  const auto slope = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1053)));
+  const auto intercept = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1052)));
+  const auto dose = first_number(element_string(ds, gdcm::Tag(0x3004, 0x000e)));
+  f.slope = slope && *slope != 0 ? *slope : 1.0;
+  f.intercept = intercept.value_or(0.0);
+  if (dose && *dose != 0) {
+    f.slope *= *dose;
+    f.intercept *= *dose;
+  }
+  return slope || intercept || (dose && *dose != 0);
 }
 
 }  // namespace
@@ -711,9 +772,7 @@ std::optional<StoredPixels> parse_native(std::span<const uint8_t> bytes, const s
   f.is_signed = us_value(ds, 0x0028, 0x0103).value_or(0) == 1;
   const std::string pi = element_string(ds, gdcm::Tag(0x0028, 0x0004));
   f.monochrome1 = pi.rfind("MONOCHROME1", 0) == 0;
-  f.slope = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1053))).value_or(1.0);
-  f.intercept = first_number(element_string(ds, gdcm::Tag(0x0028, 0x1052))).value_or(0.0);
-  if (f.slope == 0) f.slope = 1.0;
+  read_rescale(ds, f);
   if (rle) {
     StoredPixels n{f, nullptr, {}, file_window(ds)};
     if (pixels) {
@@ -832,36 +891,6 @@ void unpack_bits(std::vector<uint8_t>& raw, size_t px, StoredFormat& f) {
   f.bits_stored = 1;
   f.high_bit = 0;
   f.is_signed = false;
-}
-
-// 32-bit pixels (RT Dose grids, some parametric maps): the modality values of the first frame,
-// mapped linearly onto 16-bit stored values over their range, with the slope and intercept that
-// give the modality values back (within 1/65535 of the range, below what training sees). The
-// window then applies as to any other image.
-void quantize_32(std::vector<uint8_t>& raw, size_t px, StoredFormat& f, bool big_endian) {
-  std::vector<double> v(px);
-  for (size_t i = 0; i < px; ++i) {
-    uint32_t u;
-    std::memcpy(&u, raw.data() + 4 * i, 4);
-    if (big_endian) u = (u << 16) | (u >> 16);
-    const double s = f.is_signed ? static_cast<double>(static_cast<int32_t>(u)) : u;
-    v[i] = s * f.slope + f.intercept;
-  }
-  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
-  const double base = px ? *lo : 0.0, range = px ? *hi - *lo : 0.0;
-  const double step = range > 0 ? range / 65535.0 : 1.0;
-  std::vector<uint8_t> out(px * 2);
-  for (size_t i = 0; i < px; ++i) {
-    const auto q = static_cast<uint16_t>(std::lround((v[i] - base) / step));
-    std::memcpy(out.data() + 2 * i, &q, 2);
-  }
-  raw = std::move(out);
-  f.bits_allocated = 16;
-  f.bits_stored = 16;
-  f.high_bit = 15;
-  f.is_signed = false;
-  f.slope = step;
-  f.intercept = base;
 }
 
 // Colour pixels as interleaved RGB: planes (RRR... GGG... BBB...) interleaved, and YBR_FULL
@@ -1271,14 +1300,24 @@ StoredPixels decode_with_gdcm(std::span<const uint8_t> bytes, const std::string&
   f.is_signed = pf.GetPixelRepresentation() == 1;
   f.monochrome1 =
       img.GetPhotometricInterpretation() == gdcm::PhotometricInterpretation::MONOCHROME1;
-  f.slope = img.GetSlope();
-  f.intercept = img.GetIntercept();
+  // The rescale as the native path reads it; GDCM's where the top level has none (an enhanced
+  // image's functional groups, which GDCM reads).
+  if (!read_rescale(reader.GetFile().GetDataSet(), f)) {
+    f.slope = img.GetSlope();
+    f.intercept = img.GetIntercept();
+  }
   f.samples = static_cast<int>(samples);
   if (alloc == 1) unpack_bits(raw, px, f);
   // GDCM swaps big-endian data to the host's order in 16-bit words, which leaves a 32-bit value's
   // halves exchanged (checked against pydicom's rtdose_expb.dcm).
-  if (alloc == 32 && samples == 1)
-    quantize_32(raw, px, f, ts == gdcm::TransferSyntax::ExplicitVRBigEndian);
+  if (alloc == 32 && samples == 1 && ts == gdcm::TransferSyntax::ExplicitVRBigEndian) {
+    for (size_t i = 0; i < px; ++i) {
+      uint32_t u;
+      std::memcpy(&u, raw.data() + 4 * i, 4);
+      u = (u << 16) | (u >> 16);
+      std::memcpy(raw.data() + 4 * i, &u, 4);
+    }
+  }
   // GDCM's JPEG decoders hand out RGB already (libjpeg converts YCbCr); native and RLE data
   // come as stored. Checked against pydicom on its colour test files.
   const bool jpeg_family = ts.IsEncapsulated() && ts != gdcm::TransferSyntax::RLELossless;
@@ -1315,7 +1354,7 @@ namespace {
 // decode_with_gdcm's result on the helper's wire: the format and window, then the pixels.
 struct WireStored {
   int32_t width, height, bits_allocated, bits_stored, high_bit, samples;
-  uint8_t is_signed, monochrome1, has_window, pad;
+  uint8_t is_signed, monochrome1, has_window, exact_window;
   double slope, intercept, center, window_width;
 };
 
@@ -1330,7 +1369,7 @@ HelperResult to_wire(StoredPixels p) {
                      f.is_signed,
                      f.monochrome1,
                      p.window.has_value(),
-                     0,
+                     p.window && p.window->exact,
                      f.slope,
                      f.intercept,
                      p.window ? p.window->center : 0.0,
@@ -1347,7 +1386,7 @@ StoredPixels from_wire(HelperReply r, const std::string& name) {
   p.format = StoredFormat{w.width,     w.height,         w.bits_allocated,   w.bits_stored,
                           w.high_bit,  w.is_signed != 0, w.monochrome1 != 0, w.slope,
                           w.intercept, w.samples};
-  if (w.has_window) p.window = Window{w.center, w.window_width};
+  if (w.has_window) p.window = Window{w.center, w.window_width, w.exact_window != 0};
   p.decoded = std::move(r.body);
   return p;
 }
@@ -1450,8 +1489,11 @@ Image decode_dicom(std::span<const uint8_t> bytes, const std::string& name,
 
 std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& opt) {
   quiet_gdcm();
-  COHORT_CHECK(stored.channels == 1 || (stored.channels == 3 && stored.bits == 8),
-               "DICOM writer: grayscale, or 8-bit RGB");
+  COHORT_CHECK(
+      (stored.channels == 1 && (stored.bits == 8 || stored.bits == 16 || stored.bits == 32)) ||
+          (stored.channels == 3 && stored.bits == 8),
+      "DICOM writer: 8-, 16- or 32-bit grayscale, or 8-bit RGB; not "
+          << stored.channels << " channels of " << stored.bits << " bits");
   const bool rgb = stored.channels == 3;
   gdcm::SmartPointer<gdcm::Image> im = new gdcm::Image;
   im->SetNumberOfDimensions(2);
@@ -1476,8 +1518,10 @@ std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& 
     im->SetPlanarConfiguration(1);
   }
   im->SetTransferSyntax(gdcm::TransferSyntax::ExplicitVRLittleEndian);
-  im->SetSlope(opt.slope);
-  im->SetIntercept(opt.intercept);
+  if (!opt.dose_grid_scaling) {
+    im->SetSlope(opt.slope);
+    im->SetIntercept(opt.intercept);
+  }
   gdcm::DataElement pixel(gdcm::Tag(0x7fe0, 0x0010));
   const std::vector<uint8_t>& bytes_out = planes.empty() ? stored.data : planes;
   pixel.SetByteValue(reinterpret_cast<const char*>(bytes_out.data()),
@@ -1493,29 +1537,61 @@ std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& 
   ds.Replace(sop.GetAsDataElement());
   gdcm::Attribute<0x0008, 0x0060> modality = {"OT"};
   ds.Replace(modality.GetAsDataElement());
+  auto ds_value = [](gdcm::DataSet& into, uint16_t group, uint16_t element, double v) {
+    std::ostringstream o;
+    o.precision(10);  // a DS holds 16 characters
+    o << v;
+    std::string text = o.str();
+    if (text.size() % 2) text += ' ';  // DICOM values have even length
+    gdcm::DataElement de(gdcm::Tag(group, element));
+    de.SetVR(gdcm::VR::DS);
+    de.SetByteValue(text.data(), static_cast<uint32_t>(text.size()));
+    into.Replace(de);
+  };
   const std::string pi = rgb ? "RGB " : opt.monochrome1 ? "MONOCHROME1 " : "MONOCHROME2 ";
   gdcm::DataElement photometric(gdcm::Tag(0x0028, 0x0004));
   photometric.SetVR(gdcm::VR::CS);
   photometric.SetByteValue(pi.data(), static_cast<uint32_t>(pi.size()));
   ds.Replace(photometric);
   if (opt.window) {
-    auto ds_value = [&](uint16_t element, double v) {
-      std::ostringstream o;
-      o << v;
-      std::string text = o.str();
-      if (text.size() % 2) text += ' ';  // DICOM values have even length
-      gdcm::DataElement de(gdcm::Tag(0x0028, element));
-      de.SetVR(gdcm::VR::DS);
-      de.SetByteValue(text.data(), static_cast<uint32_t>(text.size()));
-      ds.Replace(de);
-    };
-    ds_value(0x1050, opt.window->center);
-    ds_value(0x1051, opt.window->width);
+    ds_value(ds, 0x0028, 0x1050, opt.window->center);
+    ds_value(ds, 0x0028, 0x1051, opt.window->width);
   }
   std::ostringstream os;
   w.SetStream(os);
   if (!w.Write()) COHORT_THROW("DICOM encode failed");
-  const std::string s = os.str();
+  std::string s = os.str();
+  if (opt.dose_grid_scaling) {
+    // An RT Dose grid: the same image made one by a plain writer. (GDCM's image writer, given
+    // the RT Dose SOP class, writes a one-value Grid Frame Offset Vector its own image reader
+    // then asserts on.)
+    SpanBuf buf(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+    std::istream in(&buf);
+    gdcm::Reader r;
+    r.SetStream(in);
+    if (!r.Read()) COHORT_THROW("DICOM encode failed: the RT Dose grid does not read back");
+    gdcm::File& f = r.GetFile();
+    gdcm::DataSet& d = f.GetDataSet();
+    const char rt_dose[] = "1.2.840.10008.5.1.4.1.1.481.2";  // with its padding NUL: even length
+    for (gdcm::DataSet* set : {&d, static_cast<gdcm::DataSet*>(&f.GetHeader())}) {
+      gdcm::DataElement de(gdcm::Tag(set == &d ? 0x0008 : 0x0002, set == &d ? 0x0016 : 0x0002));
+      de.SetVR(gdcm::VR::UI);
+      de.SetByteValue(rt_dose, sizeof rt_dose);
+      set->Replace(de);
+    }
+    gdcm::Attribute<0x0008, 0x0060> dose_modality = {"RTDOSE"};
+    d.Replace(dose_modality.GetAsDataElement());
+    gdcm::Attribute<0x3004, 0x0002> units = {"GY"};
+    d.Replace(units.GetAsDataElement());
+    ds_value(d, 0x3004, 0x000e, *opt.dose_grid_scaling);
+    for (uint16_t e : {0x1052, 0x1053, 0x1054}) d.Remove(gdcm::Tag(0x0028, e));
+    std::ostringstream out;
+    gdcm::Writer dw;
+    dw.SetStream(out);
+    dw.SetFile(f);
+    if (!dw.Write()) COHORT_THROW("DICOM encode failed: the RT Dose grid");
+    s = out.str();
+  }
   return std::vector<uint8_t>(s.begin(), s.end());
 }
 

@@ -842,9 +842,9 @@ TEST(Dicom, GdcmDecodesInAHelperProcessThatDiesInsteadOfTheCaller) {
   const std::string dir = ::testing::TempDir() + "/cohort-helper-" + std::to_string(getpid());
   std::filesystem::create_directories(dir + "/a");
   for (int i = 0; i < 6; ++i) {
-    std::ofstream out(dir + "/a/" + (i == 3 ? std::string("fault-abort") : std::to_string(i)) +
-                          ".dcm",
-                      std::ios::binary);
+    std::ofstream out(
+        dir + "/a/" + (i == 3 ? std::string("fault-abort") : std::to_string(i)) + ".dcm",
+        std::ios::binary);
     out.write(reinterpret_cast<const char*>(jpegls.data()),
               static_cast<std::streamsize>(jpegls.size()));
   }
@@ -863,4 +863,140 @@ TEST(Dicom, GdcmDecodesInAHelperProcessThatDiesInsteadOfTheCaller) {
   });
   EXPECT_EQ(helpers_running(), before) << "the pipeline's workers left helpers behind";
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// DICOM's VOI functions written out here from PS3.3, apart from voi_linear: LINEAR
+// (C.11.2.1.2.1) for a width of 1 or more, LINEAR_EXACT (C.11.2.1.3.2) for a narrower one.
+double standard_window(double x, double center, double width) {
+  if (width < 1) {
+    if (x <= center - width / 2) return 0;
+    if (x > center + width / 2) return 1;
+    return (x - center) / width + 0.5;
+  }
+  if (x <= center - 0.5 - (width - 1) / 2) return 0;
+  if (x > center - 0.5 + (width - 1) / 2) return 1;
+  return ((x - (center - 0.5)) / (width - 1) + 0.5);
+}
+
+// A number as the file holds it (a DS of at most 10 significant digits, as encode_dicom writes).
+double as_ds(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.10g", v);
+  return std::strtod(text, nullptr);
+}
+
+}  // namespace
+
+// Every bit depth and pixel representation: 8 bits stored in 8, 12 and 16 in 16, 32 in 32,
+// unsigned and signed, without a rescale, with Rescale Slope/Intercept, and as an RT Dose grid
+// scaled by Dose Grid Scaling; native, implicit VR, deflated (GDCM's reader) and RLE. Each is
+// windowed by two windows given in modality units (a wide one, and one 200 stored steps wide
+// over a run of consecutive stored values) and by the file's own, and compared with the
+// standard's window formula on the modality values computed here from the stored ones. The
+// whole image and the rows on demand agree. (32-bit grids were once squeezed onto 16 bits over
+// their whole range, so a narrow window saw a few steps; 16-bit RT Dose was left in stored
+// units; a window narrower than 1, as dose windows in Gy are, was widened to 1.)
+TEST(Dicom, EveryBitDepthAndRepresentationUnderExplicitAndFileWindows) {
+  const int w = 32, h = 32, n = w * h;
+  struct Depth {
+    int allocated, stored;
+  };
+  enum class Scale { none, rescale, dose };
+  int cases = 0;
+  for (const Depth d : {Depth{8, 8}, Depth{16, 12}, Depth{16, 16}, Depth{32, 32}}) {
+    for (const bool is_signed : {false, true}) {
+      for (const Scale scale : {Scale::none, Scale::rescale, Scale::dose}) {
+        if (scale == Scale::dose && d.allocated == 8) continue;  // RT Dose: 16 or 32 bits
+        const int64_t lo = is_signed ? -(int64_t{1} << (d.stored - 1)) : 0;
+        const int64_t hi =
+            is_signed ? (int64_t{1} << (d.stored - 1)) - 1 : (int64_t{1} << d.stored) - 1;
+        // Half the pixels spread over the whole stored range (both ends included), half a run
+        // of consecutive values around 37% of it.
+        std::vector<int64_t> value(n);
+        const int64_t around = lo + static_cast<int64_t>(0.37 * static_cast<double>(hi - lo));
+        for (int i = 0; i < n / 2; ++i) {
+          value[i] = lo + static_cast<int64_t>(static_cast<long double>(hi - lo) * i / (n / 2 - 1));
+        }
+        for (int i = n / 2; i < n; ++i) value[i] = std::clamp(around + (i - 3 * n / 4), lo, hi);
+        Image src = blank(w, h, 1, d.allocated);
+        for (int i = 0; i < n; ++i) {
+          const uint32_t u =
+              static_cast<uint32_t>(value[i]) & (d.stored == 32 ? ~0u : (1u << d.stored) - 1u);
+          std::memcpy(&src.data[static_cast<size_t>(i) * (d.allocated / 8)], &u,
+                      static_cast<size_t>(d.allocated / 8));
+        }
+        DicomWriteOptions o;
+        o.bits_stored = d.stored;
+        o.is_signed = is_signed;
+        double slope = 1, intercept = 0;
+        if (scale == Scale::rescale) {
+          slope = d.allocated == 32 ? 2.5e-4 : 0.75;
+          intercept = -1024.5;
+          o.slope = slope;
+          o.intercept = intercept;
+          o.monochrome1 = is_signed;  // and MONOCHROME1 (inverted) once at every depth
+        } else if (scale == Scale::dose) {
+          slope = d.allocated == 32 ? 3.0e-8 : 1.5e-3;  // Gy per stored step
+          o.dose_grid_scaling = slope;
+        }
+        auto modality = [&](int64_t s) { return static_cast<double>(s) * slope + intercept; };
+        const double mlo = std::min(modality(lo), modality(hi));
+        const double range = std::max(modality(lo), modality(hi)) - mlo;
+        o.window = Window{as_ds(mlo + 0.6 * range), as_ds(0.5 * range)};  // the file's own
+        const Window wide{mlo + 0.3 * range, 0.4 * range};
+        const Window narrow{modality(around), 200 * slope};
+        const std::string what = std::to_string(d.stored) + "/" + std::to_string(d.allocated) +
+                                 (is_signed ? " signed" : " unsigned") +
+                                 (scale == Scale::none      ? ""
+                                  : scale == Scale::rescale ? " rescaled"
+                                                            : " dose");
+        const auto plain = encode_dicom(src, o);
+        std::vector<std::pair<std::string, std::vector<uint8_t>>> files = {
+            {"explicit VR", plain},
+            {"implicit VR", transcode(plain, gdcm::TransferSyntax::ImplicitVRLittleEndian)},
+            {"deflated", rewritten(plain, [](gdcm::File& f) {
+               f.GetHeader().SetDataSetTransferSyntax(
+                   gdcm::TransferSyntax::DeflatedExplicitVRLittleEndian);
+             })}};
+        if (d.allocated <= 16) {
+          files.emplace_back("RLE", transcode(plain, gdcm::TransferSyntax::RLELossless));
+        }
+        for (const auto& [syntax, bytes] : files) {
+          ASSERT_FALSE(bytes.empty()) << what << ", " << syntax;
+          const DicomPixels pixels(bytes, what + ".dcm");
+          for (const auto& [window_name, window] :
+               std::vector<std::pair<std::string, std::optional<Window>>>{
+                   {"wide", wide}, {"narrow", narrow}, {"the file's", std::nullopt}}) {
+            const Window used = window ? *window : *o.window;
+            const Image img = pixels.window(window);
+            ASSERT_EQ(img.width, w);
+            ASSERT_EQ(img.bits, 16);
+            int inside = 0;  // pixels strictly inside the window: the window was exercised
+            for (int i = 0; i < n; ++i) {
+              double y = standard_window(modality(value[i]), used.center, used.width);
+              inside += y > 0 && y < 1;
+              if (o.monochrome1) y = 1 - y;
+              ASSERT_NEAR(pixel(img, i), y * 65535, 1.0)
+                  << what << ", " << syntax << ", " << window_name << " window (" << used.center
+                  << ", " << used.width << "), pixel " << i << " stored " << value[i];
+            }
+            EXPECT_GE(inside, 20) << what << ", " << window_name << " window";
+            const RowSource rows = pixels.rows(window);
+            std::vector<float> row(w);
+            for (int y = 0; y < h; ++y) {
+              rows.row(y, 0, w, row.data());
+              for (int x = 0; x < w; ++x) ASSERT_EQ(row[x], pixel(img, y * w + x)) << what;
+            }
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, (2 * 2 * 4) + (2 * 3 * 4) + (2 * 3 * 4) + (2 * 3 * 3));
+  // A window must have a width: a caller's width of 0 or less is refused, naming it.
+  const auto some = encode_dicom(stored16(4, 4, 0, 100), DicomWriteOptions{});
+  EXPECT_THROW(decode_dicom(some, "some.dcm", Window{50, 0}), cohort::Error);
 }

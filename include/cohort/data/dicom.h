@@ -1,6 +1,7 @@
-// DICOM through GDCM: 8/12/16-bit, signed and unsigned, MONOCHROME1/2, RescaleSlope/Intercept,
-// and the window (center/width) applied with the linear VOI function of DICOM PS3.3
-// C.11.2.1.2.1, from the file or from the configuration. Native little-endian pixel data is read
+// DICOM through GDCM: 8/12/16/32-bit, signed and unsigned, MONOCHROME1/2, RescaleSlope/Intercept
+// and RT Dose's Dose Grid Scaling, and the window (center/width, in modality units: after the
+// rescale) applied with the linear VOI function of DICOM PS3.3 C.11.2.1.2.1, from the file or
+// from the configuration. Native little-endian pixel data is read
 // where it lies (GDCM parses the data set up to it); every other transfer syntax GDCM decodes
 // (JPEG, JPEG-LS, JPEG 2000, big endian, deflated) goes through GDCM's image reader, in a helper
 // process per thread (cohort-gdcm, COHORT_GDCM_HELPER), so that GDCM aborting or looping on a
@@ -18,11 +19,16 @@
 
 namespace cohort::data {
 
+// A VOI window in modality units (the stored values after Rescale Slope/Intercept and Dose
+// Grid Scaling: HU for CT, Gy for an RT Dose grid). Its width must be above 0.
 struct Window {
   double center = 0, width = 0;
+  bool exact = false;  // LINEAR_EXACT (C.11.2.1.3.2), as a file's VOI LUT Function may say
 };
 
-// y in [0, 1] for a modality value x (after rescale), DICOM's linear VOI function.
+// y in [0, 1] for a modality value x, DICOM's LINEAR VOI function (C.11.2.1.2.1), or
+// LINEAR_EXACT (C.11.2.1.3.2) when the window says so or is narrower than 1 (LINEAR needs a
+// width of 1 or more; a dose window in Gy is often less).
 double voi_linear(double x, Window w);
 
 // Decodes to a 16-bit grayscale image whose values are the windowed intensities scaled to
@@ -59,15 +65,17 @@ class DicomPixels {
 int serve_gdcm_decoding();
 
 struct DicomWriteOptions {
-  int bits_stored = 12;  // 8, 12 or 16
+  int bits_stored = 12;  // 8, 12, 16 or 32 (at most the image's bits)
   bool is_signed = false;
   double slope = 1.0, intercept = 0.0;
+  // An RT Dose grid: Dose Grid Scaling (3004,000E) and the RT Dose SOP class, no rescale.
+  std::optional<double> dose_grid_scaling;
   std::optional<Window> window;
   bool monochrome1 = false;
   bool planar = false;  // RGB: planar configuration 1 (RRR... GGG... BBB...)
 };
-// Writes a Secondary Capture image from raw stored values (bits_allocated = 8 or 16), or from
-// 8-bit RGB.
+// Writes a Secondary Capture image (or an RT Dose grid) from raw stored values (bits allocated:
+// the image's bits, 8, 16 or 32), or from 8-bit RGB.
 std::vector<uint8_t> encode_dicom(const Image& stored, const DicomWriteOptions& opt);
 
 }  // namespace cohort::data
