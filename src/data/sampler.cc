@@ -46,7 +46,10 @@ std::vector<size_t> Sampler::indices(uint64_t epoch, size_t from, size_t to) con
   COHORT_CHECK(from <= total_,
                "resume position " << from << " is past the epoch's " << total_ << " samples");
   std::vector<size_t> order = global_order(epoch);
-  if (to < total_) {
+  if (to != SIZE_MAX) {
+    COHORT_CHECK(from <= to && to <= total_, "positions [" << from << ", " << to
+                                                           << ") are not within the epoch's "
+                                                           << total_ << " samples");
     COHORT_CHECK(opt_.groups == 1, "a range of positions [" << from << ", " << to
                                                             << ") with sampler groups "
                                                             << opt_.groups);

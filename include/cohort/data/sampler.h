@@ -31,11 +31,10 @@ class Sampler {
   // Global order of one epoch after padding or cutting: length total_size().
   std::vector<size_t> global_order(uint64_t epoch) const;
   // This rank's dataset indices for the epoch, starting at global position `from` (a multiple
-  // of nothing in particular: positions before it are skipped on every rank). With `to` below
-  // the epoch's end, only positions [from, to), without padding (groups must be 1).
+  // of nothing in particular: positions before it are skipped on every rank). With a `to` (at
+  // most the epoch's end), only positions [from, to), without padding (groups must be 1).
   std::vector<size_t> indices(uint64_t epoch, size_t from = 0, size_t to = SIZE_MAX) const;
-  // How many of positions [from, to) this rank takes (what indices(e, from, to) returns for a
-  // `to` below the epoch's end).
+  // How many of positions [from, to) this rank takes (what indices(e, from, to) returns).
   size_t count_in(size_t from, size_t to) const;
 
   size_t total_size() const { return total_; }         // per epoch, all ranks
