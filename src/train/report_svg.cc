@@ -234,6 +234,7 @@ std::string draw_lines(const LinePlot& p) {
   double y = kBottom + 34;
   if (!(xlo <= xhi)) {
     draw_empty(svg, p.empty.empty() ? "No data in these logs" : p.empty);
+    y = kBottom + 4;
   } else {
     if (std::isfinite(p.y_lo)) ylo = std::min(ylo, p.y_lo);
     if (std::isfinite(p.y_hi)) yhi = std::max(yhi, p.y_hi);
@@ -300,6 +301,7 @@ std::string draw_bars(const BarPlot& p) {
   double y = kBottom + 40;
   if (p.bars.empty() || !(hi > 0)) {
     draw_empty(svg, p.empty.empty() ? "No data in these logs" : p.empty);
+    y = kBottom + 4;
   } else {
     const YAxis ya = draw_y_axis(svg, 0, hi * 1.08, p.y_label);
     // Bars of a group side by side; a gap of one bar between groups.
