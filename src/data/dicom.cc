@@ -427,12 +427,15 @@ struct Windowing {
   uint32_t mask = 0;
   int bytes = 1;  // per stored value: 1, 2 or 4
   // 4 bytes: what the table would hold, computed per pixel.
+  int stored = 32;
   bool is_signed = false, monochrome1 = false;
   double slope = 1.0, intercept = 0.0;
   Window window;
   uint16_t direct(uint32_t u) const {
-    const double s = is_signed ? static_cast<double>(static_cast<int32_t>(u)) : u;
-    double y = voi_linear(s * slope + intercept, window);
+    u = (u >> shift) & mask;
+    int64_t s = u;
+    if (is_signed && (u >> (stored - 1)) & 1u) s -= int64_t{1} << stored;  // sign extend
+    double y = voi_linear(static_cast<double>(s) * slope + intercept, window);
     if (monochrome1) y = 1.0 - y;
     return static_cast<uint16_t>(std::lround(y * 65535.0));
   }
@@ -476,6 +479,7 @@ Windowing windowing(const uint8_t* raw, const StoredFormat& f, std::optional<Win
   t.shift = std::max(0, high + 1 - stored);
   t.mask = stored >= 32 ? ~0u : (1u << stored) - 1u;
   t.bytes = alloc / 8;
+  t.stored = stored;
   t.is_signed = f.is_signed;
   t.monochrome1 = f.monochrome1;
   t.slope = f.slope;
