@@ -187,6 +187,33 @@ double draw_notes(Svg& svg, const std::vector<std::string>& notes, double y) {
   return y;
 }
 
+struct Point {
+  double x, y;
+};
+
+// A long run of points (a long training's steps) kept to what a pixel column shows: in each
+// column its first and last points and its highest and lowest, in their order, so that the
+// line's envelope and its spikes stay while the file stays small. Short runs pass unchanged.
+std::vector<Point> envelope(const std::vector<Point>& run) {
+  if (run.size() <= 2 * static_cast<size_t>(kRight - kLeft)) return run;
+  std::vector<Point> out;
+  size_t begin = 0;
+  while (begin < run.size()) {
+    size_t end = begin, lo = begin, hi = begin;
+    const double column = std::floor(run[begin].x);
+    for (; end < run.size() && std::floor(run[end].x) == column; ++end) {
+      if (run[end].y < run[lo].y) lo = end;
+      if (run[end].y > run[hi].y) hi = end;
+    }
+    size_t keep[4] = {begin, lo, hi, end - 1};
+    std::sort(std::begin(keep), std::end(keep));
+    for (size_t k = 0; k < 4; ++k)
+      if (k == 0 || keep[k] != keep[k - 1]) out.push_back(run[keep[k]]);
+    begin = end;
+  }
+  return out;
+}
+
 void draw_empty(Svg& svg, const std::string& message) {
   svg.body() << "<rect x=\"" << kLeft << "\" y=\"" << kTop << "\" width=\"" << kRight - kLeft
              << "\" height=\"" << kPlotHeight << "\" fill=\"#f7f7f7\" stroke=\"#cccccc\"/>\n";
@@ -249,25 +276,26 @@ std::string draw_lines(const LinePlot& p) {
     svg.text((kLeft + kRight) / 2, kBottom + 34, p.x_label, "middle");
     for (const Series& s : p.series) {
       // One polyline per run of finite points; a lone point shows as its marker.
-      std::string points;
-      int count = 0;
+      std::vector<Point> run;
       auto flush = [&] {
-        if (count >= 2) {
+        if (run.size() >= 2) {
           svg.body() << "<polyline class=\"series\" fill=\"none\" stroke=\"" << color(s.color)
                      << "\" stroke-width=\"1.8\" stroke-linejoin=\"round\"";
           if (*dash(s.dash)) svg.body() << " stroke-dasharray=\"" << dash(s.dash) << "\"";
-          svg.body() << " points=\"" << points << "\"/>\n";
+          svg.body() << " points=\"";
+          const std::vector<Point> drawn = envelope(run);
+          for (size_t i = 0; i < drawn.size(); ++i)
+            svg.body() << (i ? " " : "") << px(drawn[i].x) << "," << px(drawn[i].y);
+          svg.body() << "\"/>\n";
         }
-        points.clear();
-        count = 0;
+        run.clear();
       };
       for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
         if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) {
           flush();
           continue;
         }
-        points += (count ? " " : "") + px(xpx(s.x[i])) + "," + px(ya.to_px(s.y[i]));
-        ++count;
+        run.push_back({xpx(s.x[i]), ya.to_px(s.y[i])});
       }
       flush();
       if (s.markers) {

@@ -128,12 +128,15 @@ size_t data_marks(const std::string& svg) {
 // The ids of processes whose command line mentions `marker` (a run's own user-data-dir).
 std::vector<int> processes_with(const std::string& marker) {
   std::vector<int> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmd = read(e.path() / "cmdline");
+  DIR* proc = opendir("/proc");
+  if (!proc) return out;
+  while (dirent* e = readdir(proc)) {
+    const std::string name = e->d_name;
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string cmd = read("/proc/" + name + "/cmdline");  // empty once it has gone
     if (cmd.find(marker) != std::string::npos) out.push_back(std::stoi(name));
   }
+  closedir(proc);
   return out;
 }
 
@@ -316,6 +319,39 @@ TEST(Report, WhatALogLacksIsSaidInThePlot) {
   EXPECT_EQ(count(steps, "class=\"bar\""), 3u);  // compute for both; data wait for noval's
   EXPECT_GE(data_marks(read(dir.file("r/images_per_s.svg"))), 2u);
   EXPECT_GE(data_marks(read(dir.file("r/memory.svg"))), 2u);
+}
+
+// A long run (50,000 steps) is drawn as what each pixel column shows, its spikes kept: the page
+// stays small, and a single step's loss spike still reaches the top of the plot.
+TEST(Report, ALongRunIsDrawnAsItsEnvelope) {
+  TempDir dir;
+  const std::string tr = scan_set(dir, "train", 32, 1);
+  auto t = sh("timeout 60 " + train(tr, "", "--max-steps 2 --json " + dir.file("short.json")));
+  ASSERT_EQ(t.code, 0) << t.out;
+  nlohmann::json log = nlohmann::json::parse(read(dir.file("short.json")));
+  nlohmann::json steps = nlohmann::json::array();
+  for (int i = 1; i <= 50000; ++i) {
+    nlohmann::json s = log["steps"][0];
+    s["step"] = i;
+    s["loss"] = i == 31234 ? 10.0 : 1.0 + 0.1 * ((i * 7919) % 13) / 13.0;
+    steps.push_back(s);
+  }
+  log["steps"] = steps;
+  write(dir.file("long.json"), log.dump());
+  auto r = sh("timeout 60 " + cohort_bin() + " report " + dir.file("long.json") + " --out " +
+              dir.file("r"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string loss = read(dir.file("r/loss.svg"));
+  EXPECT_LT(loss.size(), 100000u);
+  static const std::regex point(R"((-?[0-9.]+),(-?[0-9.]+))");
+  size_t n = 0;
+  double top = 1e9;
+  for (auto it = std::sregex_iterator(loss.begin(), loss.end(), point);
+       it != std::sregex_iterator(); ++it, ++n)
+    top = std::min(top, std::stod((*it)[2]));
+  EXPECT_GT(n, 500u);
+  EXPECT_LT(n, 4 * 760u);
+  EXPECT_LT(top, 60.0) << "the spike at step 31234 was dropped";  // the plot's top is y = 46
 }
 
 // A missing file, a file that is not JSON, a missing field and a mistyped one: each an error
