@@ -12,6 +12,7 @@
 #include "cohort/nn/safetensors.h"
 #include "cohort/plan/plan.h"
 #include "cohort/train/config.h"
+#include "cohort/train/report.h"
 
 namespace cohort::fuzz {
 
@@ -86,6 +87,12 @@ void read_as(FileKind kind, std::string_view bytes, const std::string& dir, std:
       plan::read_profile(*named);
       return;
     }
+    case FileKind::run_log: {
+      *named = dir + "/run.json";
+      write(*named, bytes);
+      train::write_report({train::read_run_log(*named)}, dir + "/report", false);
+      return;
+    }
     case FileKind::count:
       break;
   }
@@ -94,9 +101,9 @@ void read_as(FileKind kind, std::string_view bytes, const std::string& dir, std:
 }  // namespace
 
 const char* file_kind_name(FileKind k) {
-  static const char* names[] = {"safetensors",  "shard",        "checkpoint",
-                                "config-toml",  "config-json",  "csv-list",
-                                "cluster-toml", "cluster-json", "profile"};
+  static const char* names[] = {"safetensors", "shard",    "checkpoint",   "config-toml",
+                                "config-json", "csv-list", "cluster-toml", "cluster-json",
+                                "profile",     "run-log"};
   return k < FileKind::count ? names[static_cast<size_t>(k)] : "?";
 }
 

@@ -1,6 +1,7 @@
 // The files Cohort reads from disk, other than images, fed from one fuzz input: safetensors,
 // record shards, checkpoints (index and piece), training configs (TOML and JSON), CSV lists,
-// cluster files (TOML and JSON) and model profiles. Shared by fuzz_files and the test that
+// cluster files (TOML and JSON), model profiles and training logs (read and drawn by cohort
+// report). Shared by fuzz_files and the test that
 // replays the committed corpus in the ordinary build.
 //
 // An input is one byte choosing the reader, then the file's bytes. For a checkpoint the bytes
@@ -27,6 +28,7 @@ enum class FileKind : uint8_t {
   cluster_toml,
   cluster_json,
   profile,
+  run_log,
   count
 };
 const char* file_kind_name(FileKind k);

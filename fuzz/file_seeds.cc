@@ -118,6 +118,27 @@ int main(int argc, char** argv) {
     plan::write_profile(plan::builtin_profile("resnet18", 64), work + "/profile.json");
     seed(out, "profile", fuzz::FileKind::profile, slurp(work + "/profile.json"));
   }
+  // Training logs as cohort report reads them (cohort train --json, cohort bench train --json):
+  // every field it reads, with the nulls the logs write for undefined figures.
+  seed(out, "run-log", fuzz::FileKind::run_log,
+       R"({"config":{"model":"smallcnn","precision":"f32","pipeline-stages":"0"},"world":2,)"
+       R"("global_batch":16,"shard":"zero2","steps":[{"step":1,"epoch":0,"loss":0.74,"lr":0.05,)"
+       R"("compute_s":0.012,"comm_wait_s":0.002,"data_wait_s":0.001,"images_per_s":1066.7},)"
+       R"({"step":2,"epoch":0,"loss":0.69,"lr":null,"compute_s":0.011,"comm_wait_s":0.002,)"
+       R"("data_wait_s":0.0,"images_per_s":null}],"epochs":[{"epoch":0,"train_loss":0.71,)"
+       R"("steps":2,"val_loss":0.68,"val_accuracy":null,"val_auc":0.71,)"
+       R"("val_auc_per_finding":{"Atelectasis":0.66,"Effusion":null}}],)"
+       R"("summary":{"images_per_s":980.5,"compute_ms":11.5,"comm_wait_ms":2.0,)"
+       R"("data_wait_ms":0.5},"memory":[{"parameters":4096,"gradients":4096,)"
+       R"("optimizer_state":2048,"gathered_peak":0,"gradients_in_flight_peak":1024,)"
+       R"("activations_peak":65536,"comm_buffers_peak":8192,"allocator_cache_peak":4096,)"
+       R"("peak_rss":50000000.0}]})");
+  seed(out, "run-log-bench", fuzz::FileKind::run_log,
+       R"({"model":"resnet18","precision":"bf16","world":1,"batch":8,"images_per_s":120.5,)"
+       R"("ms_per_step":66.4,"shard":"none","ms_comm_wait":0.0,"ms_each":[70.1,64.2,65.0],)"
+       R"("memory":[{"parameters":1000,"gradients":1000,"optimizer_state":1000,)"
+       R"("gathered_peak":0,"gradients_in_flight_peak":0,"activations_peak":1000,)"
+       R"("comm_buffers_peak":0,"allocator_cache_peak":0,"peak_rss":9000}]})");
   fs::remove_all(work);
   return 0;
 }

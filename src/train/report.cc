@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "cohort/core/error.h"
@@ -18,6 +17,7 @@
 namespace cohort::train {
 
 namespace report {
+namespace {
 
 struct Figure {
   std::string id, caption, svg;
@@ -358,13 +358,14 @@ std::string page(const std::vector<RunLog>& runs, const Scaling& sc,
   return h.str();
 }
 
+}  // namespace
 }  // namespace report
 
 bool report_renders_png() {
   return report::png_available();
 }
 
-ReportFiles write_report(std::vector<RunLog> runs, const std::string& dir) {
+ReportFiles write_report(std::vector<RunLog> runs, const std::string& dir, bool png) {
   using namespace report;
   if (runs.empty()) COHORT_THROW("cohort report: no run to draw");
   // Names that repeat (run/log.json, other/log.json) are shown as their paths.
@@ -388,12 +389,14 @@ ReportFiles write_report(std::vector<RunLog> runs, const std::string& dir) {
   std::filesystem::create_directories(dir, ec);
   if (ec) COHORT_THROW("cannot make the report folder " << dir << ": " << ec.message());
   ReportFiles out;
-  out.png_note = png_available() ? "" : png_unavailable_reason();
+  out.png_note = !png              ? "PNG copies not asked for"
+                 : png_available() ? ""
+                                   : png_unavailable_reason();
   for (const Figure& f : figures) {
     const std::string base = (std::filesystem::path(dir) / f.id).string();
     write_text(base + ".svg", f.svg);
     out.svgs.push_back(base + ".svg");
-    if (png_available()) {
+    if (out.png_note.empty()) {
       svg_to_png(f.svg, base + ".png", 2.0);
       out.pngs.push_back(base + ".png");
     }

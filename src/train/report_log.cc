@@ -22,6 +22,9 @@ namespace {
 
 using nlohmann::json;
 
+// Bounds of the counts a log holds: ranks (and a batch per rank), and samples or epochs.
+constexpr double kMostRanks = 1 << 24, kMostSamples = 9007199254740992.0;  // 2^53
+
 const char* type_of(const json& j) {
   switch (j.type()) {
     case json::value_t::null:
@@ -70,6 +73,16 @@ class Fields {
                                             << "), expected a number");
     return v.get<double>();
   }
+  // A whole number in [lo, hi] (the logs write counts as numbers; a cast of anything else would
+  // be undefined).
+  int64_t integer(const json& obj, const std::string& where, const std::string& key, double lo,
+                  double hi) const {
+    const double v = number(obj, where, key);
+    REPORT_LOG_CHECK(std::isfinite(v) && v == std::floor(v) && v >= lo && v <= hi,
+                     source_ << ": field '" << path(where, key) << "' is " << v
+                             << ", expected a whole number in [" << lo << ", " << hi << "]");
+    return static_cast<int64_t>(v);
+  }
   std::string text(const json& obj, const std::string& where, const std::string& key) const {
     const json& v = get(obj, where, key);
     REPORT_LOG_CHECK(v.is_string(), source_ << ": field '" << path(where, key) << "' is "
@@ -112,9 +125,8 @@ void read_train_log(RunLog& r, const json& log) {
   r.shard = f.text(log, "", "shard");
   if (config.contains("pipeline-stages") && f.text(config, "config", "pipeline-stages") != "0")
     r.shard = "pipeline " + f.text(config, "config", "pipeline-stages") + " stages, " + r.shard;
-  r.world = static_cast<int>(f.number(log, "", "world"));
-  REPORT_LOG_CHECK(r.world >= 1, r.source << ": field 'world' is " << r.world << ", expected >= 1");
-  r.global_batch = static_cast<int64_t>(f.number(log, "", "global_batch"));
+  r.world = static_cast<int>(f.integer(log, "", "world", 1, kMostRanks));
+  r.global_batch = f.integer(log, "", "global_batch", 0, kMostSamples);
   const json& steps = f.array(log, "", "steps");
   for (size_t i = 0; i < steps.size(); ++i) {
     const std::string w = at("steps", i);
@@ -127,7 +139,7 @@ void read_train_log(RunLog& r, const json& log) {
   for (size_t i = 0; i < epochs.size(); ++i) {
     const std::string w = at("epochs", i);
     RunLog::Epoch e;
-    e.epoch = static_cast<int64_t>(f.number(epochs[i], w, "epoch"));
+    e.epoch = f.integer(epochs[i], w, "epoch", 0, kMostSamples);
     e.validated = epochs[i].is_object() && epochs[i].contains("val_loss");
     if (e.validated) {
       e.val_loss = f.number(epochs[i], w, "val_loss", true);
@@ -160,20 +172,19 @@ void read_bench_log(RunLog& r, const json& log) {
   r.kind = "cohort bench train";
   r.model = f.text(log, "", "model");
   r.precision = f.text(log, "", "precision");
-  r.world = static_cast<int>(f.number(log, "", "world"));
-  REPORT_LOG_CHECK(r.world >= 1, r.source << ": field 'world' is " << r.world << ", expected >= 1");
-  const double batch = f.number(log, "", "batch");
+  r.world = static_cast<int>(f.integer(log, "", "world", 1, kMostRanks));
+  const int64_t batch = f.integer(log, "", "batch", 1, kMostRanks);
   r.images_per_s = f.number(log, "", "images_per_s", true);
   const double ms_per_step = f.number(log, "", "ms_per_step");
   if (log.contains("pipeline")) {
     const json& p = f.get(log, "", "pipeline");
-    r.shard = "pipeline " + std::to_string(static_cast<int>(f.number(p, "pipeline", "stages"))) +
-              " stages";
-    r.global_batch = static_cast<int64_t>(batch * f.number(p, "pipeline", "replicas"));
+    r.shard =
+        "pipeline " + std::to_string(f.integer(p, "pipeline", "stages", 1, kMostRanks)) + " stages";
+    r.global_batch = batch * f.integer(p, "pipeline", "replicas", 1, kMostRanks);
     r.breakdown_note = "a pipeline bench log has each stage's figures, not this split";
   } else {
     r.shard = f.text(log, "", "shard");
-    r.global_batch = static_cast<int64_t>(batch * r.world);
+    r.global_batch = batch * r.world;
     r.has_breakdown = true;
     r.comm_wait_ms = f.number(log, "", "ms_comm_wait");
     r.compute_ms = std::max(0.0, ms_per_step - r.comm_wait_ms);

@@ -49,12 +49,19 @@ std::string fit(const std::string& s, double width, double size = 12) {
 
 struct Ticks {
   double lo, hi, step;
+  int count() const {  // ticks after the first; none where the figures defeat the arithmetic
+    const double n = std::round((hi - lo) / step);
+    return n >= 0 && n <= 100 ? static_cast<int>(n) : 0;
+  }
+  double at(int k) const { return lo + k * step; }
 };
 
 // About `want` round ticks (1, 2 or 5 times a power of ten) covering [lo, hi].
+// The caller has checked that lo, hi and hi - lo are finite.
 Ticks nice_ticks(double lo, double hi, int want = 6, double least_step = 0) {
-  if (!(hi > lo)) {
-    const double pad = lo == 0 ? 1 : std::abs(lo) * 0.1;
+  const double size = std::max(std::abs(lo), std::abs(hi));
+  if (!(hi - lo > 1e-9 * size) || !(hi - lo > 1e-200)) {  // one value, or too close to tell apart
+    const double pad = size > 1e-200 ? size * 0.1 : 1;
     lo -= pad;
     hi += pad;
   }
@@ -65,7 +72,9 @@ Ticks nice_ticks(double lo, double hi, int want = 6, double least_step = 0) {
     if (raw <= step) break;
   }
   step = std::max(step, least_step);
-  return {std::floor(lo / step + 1e-9) * step, std::ceil(hi / step - 1e-9) * step, step};
+  const Ticks t{std::floor(lo / step + 1e-9) * step, std::ceil(hi / step - 1e-9) * step, step};
+  if (std::isfinite(t.lo) && std::isfinite(t.hi) && t.hi > t.lo) return t;
+  return {lo, hi, hi - lo};
 }
 
 std::string tick_label(double v, double step) {
@@ -122,7 +131,8 @@ struct YAxis {
 
 YAxis draw_y_axis(Svg& svg, double lo, double hi, const std::string& label) {
   YAxis a{nice_ticks(lo, hi, 5)};
-  for (double v = a.t.lo; v <= a.t.hi + a.t.step * 1e-6; v += a.t.step) {
+  for (int k = 0; k <= a.t.count(); ++k) {
+    const double v = a.t.at(k);
     const double y = a.to_px(v);
     svg.line(kLeft, y, kRight, y, "#e6e6e6");
     svg.text(kLeft - 6, y + 4, tick_label(v, a.t.step), "end", 11);
@@ -239,8 +249,8 @@ std::string escape_xml(const std::string& s) {
       case '"':
         o += "&quot;";
         break;
-      default:
-        o += c;
+      default:  // XML has no place for control characters (a name in a log may hold them)
+        o += static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' ? '?' : c;
     }
   }
   return o;
@@ -262,6 +272,9 @@ std::string draw_lines(const LinePlot& p) {
   if (!(xlo <= xhi)) {
     draw_empty(svg, p.empty.empty() ? "No data in these logs" : p.empty);
     y = kBottom + 4;
+  } else if (!std::isfinite(xhi - xlo) || !std::isfinite(yhi - ylo)) {
+    draw_empty(svg, "The figures span more than a double holds: nothing to draw");
+    y = kBottom + 4;
   } else {
     if (std::isfinite(p.y_lo)) ylo = std::min(ylo, p.y_lo);
     if (std::isfinite(p.y_hi)) yhi = std::max(yhi, p.y_hi);
@@ -269,7 +282,8 @@ std::string draw_lines(const LinePlot& p) {
     const YAxis ya = draw_y_axis(svg, ylo, yhi, p.y_label);
     const Ticks xt = nice_ticks(xlo, xhi, 8, p.x_whole ? 1 : 0);
     auto xpx = [&](double v) { return kLeft + (v - xt.lo) / (xt.hi - xt.lo) * (kRight - kLeft); };
-    for (double v = xt.lo; v <= xt.hi + xt.step * 1e-6; v += xt.step) {
+    for (int k = 0; k <= xt.count(); ++k) {
+      const double v = xt.at(k);
       svg.line(xpx(v), kBottom, xpx(v), kBottom + 4, "#333333");
       svg.text(xpx(v), kBottom + 17, tick_label(v, xt.step), "middle", 11);
     }
@@ -329,6 +343,9 @@ std::string draw_bars(const BarPlot& p) {
   double y = kBottom + 40;
   if (p.bars.empty() || !(hi > 0)) {
     draw_empty(svg, p.empty.empty() ? "No data in these logs" : p.empty);
+    y = kBottom + 4;
+  } else if (!std::isfinite(hi * 1.08)) {
+    draw_empty(svg, "The figures are more than a double holds: nothing to draw");
     y = kBottom + 4;
   } else {
     const YAxis ya = draw_y_axis(svg, 0, hi * 1.08, p.y_label);

@@ -55,8 +55,9 @@ struct ReportFiles {
   std::string png_note;           // why there are no PNGs, when there are none
 };
 
-// Writes DIR/index.html and DIR/<plot>.png (DIR/<plot>.svg as well), creating DIR.
-ReportFiles write_report(std::vector<RunLog> runs, const std::string& dir);
+// Writes DIR/index.html and DIR/<plot>.png (DIR/<plot>.svg as well), creating DIR. `png`
+// false leaves the PNGs out (the fuzz target, which tests the reading and drawing, not librsvg).
+ReportFiles write_report(std::vector<RunLog> runs, const std::string& dir, bool png = true);
 
 // Whether this build renders PNGs (librsvg was found when it was configured).
 bool report_renders_png();
