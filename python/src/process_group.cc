@@ -168,6 +168,7 @@ ProcessGroupCohort::ProcessGroupCohort(const c10::intrusive_ptr<c10d::Store>& st
     TORCH_CHECK(false, "cohort: rank ", rank, " of ", size, " could not join: ", e.what());
   }
   completer_ = std::thread([this] { complete_in_order(); });
+  p2p_completer_ = std::thread([this] { complete_p2p(); });
   std::lock_guard<std::mutex> lock(live_groups().mu);
   live_groups().groups.insert(this);
 }
@@ -188,26 +189,79 @@ ProcessGroupCohort::~ProcessGroupCohort() {
   WithoutGil nogil;
   completer_.join();  // every call issued completes or fails within the timeout
   {
+    // Sends go out (each completes or fails within the timeout); receives nobody sends to are
+    // not waited for, as gloo does not: the mailbox's closing cancels them.
     std::unique_lock<std::mutex> lock(mu_);
     idle_cv_.wait_for(lock, timeout_ + std::chrono::seconds(5),
-                      [&] { return mailbox_calls_ == 0; });
+                      [&] { return mailbox_sends_ == 0; });
   }
-  // The communicator's closing barrier first: once every rank is past it, no mailbox message
-  // is still on its way.
+  // The communicator's closing barrier first: once every rank is past it, every message that a
+  // receive waits for has arrived.
   comm_.reset();
-  mailbox_.reset();
+  close_mailbox();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    p2p_stopping_ = true;
+  }
+  p2p_cv_.notify_all();
+  p2p_completer_.join();  // completes what the mailbox's closing answered
 }
 
 void ProcessGroupCohort::drain() {
   std::unique_lock<std::mutex> lock(mu_);
   // Every call completes or fails within the timeout; the margin covers the copies back.
-  idle_cv_.wait_for(lock, timeout_ + std::chrono::seconds(5),
-                    [&] { return pending_.empty() && !busy_ && mailbox_calls_ == 0; });
+  idle_cv_.wait_for(lock, timeout_ + std::chrono::seconds(5), [&] {
+    return pending_.empty() && !busy_ && mailbox_sends_ == 0 && p2p_done_.empty() && !p2p_busy_;
+  });
 }
 
 void ProcessGroupCohort::drain_all() {
   std::lock_guard<std::mutex> lock(live_groups().mu);
-  for (ProcessGroupCohort* g : live_groups().groups) g->drain();
+  for (ProcessGroupCohort* g : live_groups().groups) {
+    g->drain();
+    g->close_mailbox();  // cancels receives nobody sent to
+    g->drain();          // and completes their Works before Python finalizes
+  }
+}
+
+std::shared_ptr<comm::Mailbox> ProcessGroupCohort::mailbox() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return mailbox_;
+}
+
+void ProcessGroupCohort::close_mailbox() {
+  std::shared_ptr<comm::Mailbox> box;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    box.swap(mailbox_);
+  }
+  box.reset();  // answers every call still posted (unless a call in progress holds it)
+}
+
+void ProcessGroupCohort::complete_p2p() {
+  for (;;) {
+    std::function<void()> done;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      p2p_busy_ = false;
+      if (p2p_done_.empty()) idle_cv_.notify_all();
+      p2p_cv_.wait(lock, [&] { return p2p_stopping_ || !p2p_done_.empty(); });
+      if (p2p_done_.empty()) return;
+      done = std::move(p2p_done_.front());
+      p2p_done_.pop_front();
+      p2p_busy_ = true;
+    }
+    done();  // completes a torch Work, whose Future may run callbacks: never on the mailbox's
+             // thread, which they could wait on
+  }
+}
+
+void ProcessGroupCohort::queue_p2p(std::function<void()> done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    p2p_done_.push_back(std::move(done));
+  }
+  p2p_cv_.notify_one();
 }
 
 void ProcessGroupCohort::Pending::read_from(const at::Tensor& user, const at::Tensor& staged) {
@@ -218,16 +272,6 @@ void ProcessGroupCohort::Pending::write_back(const at::Tensor& user, const at::T
   if (user.is_same(staged)) return;
   keep.push_back(staged);
   finish = [user, staged]() mutable { user.copy_(staged); };
-}
-
-void ProcessGroupCohort::mailbox_call_started() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++mailbox_calls_;
-}
-
-void ProcessGroupCohort::mailbox_call_ended() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--mailbox_calls_ == 0) idle_cv_.notify_all();
 }
 
 ProcessGroupCohort::Work ProcessGroupCohort::submit(c10d::OpType type, Tensors outputs, Pending p) {
@@ -433,8 +477,12 @@ ProcessGroupCohort::Work ProcessGroupCohort::allgather_coalesced(std::vector<Ten
     for (size_t r = 0; r < outputs.size(); ++r) {
       int64_t at = static_cast<int64_t>(r) * bytes;
       for (auto& o : outputs[r]) {
+        // Bytes into bytes: a dtype view of `flat` at an offset that is no multiple of the
+        // element size would be refused.
         const int64_t b = o.numel() * static_cast<int64_t>(o.element_size());
-        o.copy_(flat.narrow(0, at, b).view(o.scalar_type()).view(o.sizes()));
+        at::Tensor dst = o.is_contiguous() ? o : at::empty_like(o, at::MemoryFormat::Contiguous);
+        dst.view(-1).view(at::kByte).copy_(flat.narrow(0, at, b));
+        if (!o.is_same(dst)) o.copy_(dst);
         at += b;
       }
     }
@@ -670,31 +718,41 @@ ProcessGroupCohort::Work ProcessGroupCohort::alltoall(Tensors& outputs, Tensors&
 }
 
 // Through the mailbox: a message matches the receive with its tag (from its sender or from any
-// rank), in the order sent, and each call completes by itself. Its Done completes the torch Work
-// on the mailbox's thread, or at once, and releases the tensors.
+// rank), in the order sent, and each call completes by itself. The mailbox's Done hands the
+// call to the group's point-to-point completion thread, which copies a receive into a tensor
+// that was not contiguous, completes the torch Work and releases the tensors.
 ProcessGroupCohort::Work ProcessGroupCohort::send(Tensors& tensors, int dst_rank, int tag) {
   const char* op = "send";
   const at::Tensor& t = single(tensors, op);
   check_root(dst_rank, getSize(), op);
   TORCH_CHECK(dst_rank != getRank(), "cohort: send: rank ", dst_rank, " is this rank itself");
+  std::shared_ptr<comm::Mailbox> box = mailbox();
+  TORCH_CHECK(box, "cohort: send: the group is shut down");
   at::Tensor src = t.contiguous();
   auto work = c10::make_intrusive<CohortWork>(getRank(), c10d::OpType::SEND, Tensors{t});
-  mailbox_call_started();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++mailbox_sends_;
+  }
   try {
-    mailbox_->isend(src.data_ptr(), static_cast<size_t>(src.nbytes()), dst_rank, tag,
-                    [this, work, src](const comm::Work& done) mutable {
-                      std::exception_ptr error;
-                      try {
-                        comm::Work(done).wait();
-                      } catch (...) {
-                        error = std::current_exception();
-                      }
-                      src = at::Tensor();
-                      work->complete(error);
-                      mailbox_call_ended();
-                    });
+    box->isend(src.data_ptr(), static_cast<size_t>(src.nbytes()), dst_rank, tag,
+               [this, work, src](const comm::Work& done) {
+                 queue_p2p([this, work, src, done]() mutable {
+                   std::exception_ptr error;
+                   try {
+                     comm::Work(done).wait();
+                   } catch (...) {
+                     error = std::current_exception();
+                   }
+                   src = at::Tensor();
+                   work->complete(error);
+                   std::lock_guard<std::mutex> lock(mu_);
+                   --mailbox_sends_;
+                 });
+               });
   } catch (const std::exception& e) {
-    mailbox_call_ended();
+    std::lock_guard<std::mutex> lock(mu_);
+    --mailbox_sends_;
     TORCH_CHECK(false, "cohort: ", op, ": ", e.what());
   }
   return work;
@@ -703,27 +761,28 @@ ProcessGroupCohort::Work ProcessGroupCohort::send(Tensors& tensors, int dst_rank
 ProcessGroupCohort::Work ProcessGroupCohort::mailbox_recv(const char* op, c10d::OpType type,
                                                           Tensors& tensors, int src_rank, int tag) {
   at::Tensor t = single(tensors, op);
+  std::shared_ptr<comm::Mailbox> box = mailbox();
+  TORCH_CHECK(box, "cohort: ", op, ": the group is shut down");
   at::Tensor dst = writable(t);
   auto work = c10::make_intrusive<CohortWork>(getRank(), type, Tensors{t});
-  mailbox_call_started();
   try {
-    mailbox_->irecv(dst.data_ptr(), static_cast<size_t>(dst.nbytes()), src_rank, tag,
-                    [this, work, t, dst](const comm::Work& done) mutable {
-                      std::exception_ptr error;
-                      try {
-                        comm::Work(done).wait();
-                        if (!t.is_same(dst)) t.copy_(dst);
-                        work->set_source(done.source());
-                      } catch (...) {
-                        error = std::current_exception();
-                      }
-                      t = at::Tensor();
-                      dst = at::Tensor();
-                      work->complete(error);
-                      mailbox_call_ended();
-                    });
+    box->irecv(dst.data_ptr(), static_cast<size_t>(dst.nbytes()), src_rank, tag,
+               [this, work, t, dst](const comm::Work& done) {
+                 queue_p2p([work, t, dst, done]() mutable {
+                   std::exception_ptr error;
+                   try {
+                     comm::Work(done).wait();
+                     if (!t.is_same(dst)) t.copy_(dst);
+                     work->set_source(done.source());
+                   } catch (...) {
+                     error = std::current_exception();
+                   }
+                   t = at::Tensor();
+                   dst = at::Tensor();
+                   work->complete(error);
+                 });
+               });
   } catch (const std::exception& e) {
-    mailbox_call_ended();
     TORCH_CHECK(false, "cohort: ", op, ": ", e.what());
   }
   return work;

@@ -102,9 +102,14 @@ class ProcessGroupCohort : public c10d::ProcessGroup {
   Work submit(c10d::OpType type, Tensors outputs, Pending p);
   // A receive through the mailbox from `src_rank` (comm::kAnySource: any rank).
   Work mailbox_recv(const char* op, c10d::OpType type, Tensors& tensors, int src_rank, int tag);
-  // Counts a mailbox call in flight until its Done runs, for drain().
-  void mailbox_call_started();
-  void mailbox_call_ended();
+  std::shared_ptr<comm::Mailbox> mailbox();  // null once closed
+  // Closes the mailbox: calls still posted (receives nobody sent to) fail and are completed.
+  void close_mailbox();
+  // The point-to-point completion thread: runs, in the order the mailbox answered them, what
+  // completes each call's torch Work (the mailbox's own thread must not run a Future's callbacks,
+  // which may wait on another of its calls).
+  void complete_p2p();
+  void queue_p2p(std::function<void()> done);
   // alltoall with a different block per peer: agree on the largest block, pad, exchange.
   Work padded_alltoall(const char* op, c10d::OpType type, Tensors outputs,
                        const std::vector<at::Tensor>& send_blocks,
@@ -112,9 +117,14 @@ class ProcessGroupCohort : public c10d::ProcessGroup {
   void complete_in_order();
 
   std::shared_ptr<comm::Communicator> comm_;
-  std::shared_ptr<comm::Mailbox> mailbox_;
   std::mutex mu_;
-  size_t mailbox_calls_ = 0;  // mailbox calls whose Done has not run yet
+  std::shared_ptr<comm::Mailbox> mailbox_;  // guarded by mu_
+  size_t mailbox_sends_ = 0;                // sends not completed yet
+  std::deque<std::function<void()>> p2p_done_;
+  bool p2p_busy_ = false;  // the point-to-point thread runs a popped completion
+  bool p2p_stopping_ = false;
+  std::condition_variable p2p_cv_;
+  std::thread p2p_completer_;
   std::condition_variable cv_;
   std::deque<Pending> pending_;
   bool busy_ = false;  // the completion thread holds a popped call

@@ -242,10 +242,8 @@ bool NativeMailbox::pass_out(int p, std::vector<Answer>& answers) {
       if (o.header_done < sizeof(o.header)) break;
     }
     if (o.done < op->bytes) {
-      // A send that timed out part way goes on from its own copy of the rest.
-      const uint8_t* src =
-          op->owned.empty() ? op->src + o.done : op->owned.data() + (o.done - op->owned_from);
-      const size_t k = pr.link->send_some(src, std::min(kMailboxSlice, op->bytes - o.done));
+      const size_t k =
+          pr.link->send_some(op->src + o.done, std::min(kMailboxSlice, op->bytes - o.done));
       o.done += k;
       moved = moved || k > 0;
       if (o.done < op->bytes) break;
@@ -338,6 +336,11 @@ bool NativeMailbox::pass(std::vector<Answer>& answers) {
       moved = pass_in(p, answers) || moved;
     } catch (const Error& e) {
       fail_peer(p, e.message(), answers);
+    } catch (const std::exception& e) {  // a held message too large to allocate, say
+      fail_peer(p,
+                std::string("the mailbox failed on rank ") + std::to_string(p) +
+                    "'s messages: " + e.what(),
+                answers);
     }
   }
   return moved;
@@ -376,25 +379,28 @@ void NativeMailbox::expire(Clock::time_point now, std::vector<Answer>& answers) 
       pr.in.discard = true;  // the rest is read and dropped: the receiver's buffer is its own again
     }
     auto& q = pr.out.queue;
-    for (size_t i = 0; i < q.size();) {
-      const OpPtr op = q[i];
-      if (!op->work || op->deadline > now) {
-        ++i;
+    if (!q.empty() && pr.out.started && q.front()->deadline <= now) {
+      // Part of it is on the wire, and a transport that sends in place (UCX) may still read the
+      // caller's buffer: the stream to that rank cannot go on. Its link is closed (which ends
+      // such reads) and every call with that rank fails with the timeout.
+      const std::string why = after + describe(*q.front()) + ": rank " + std::to_string(p) +
+                              " stopped taking it part way (its process or its mailbox is " +
+                              "stuck); the mailbox's link to rank " + std::to_string(p) +
+                              " is closed";
+      pr.link->abort(why);
+      fail_peer(p, why, answers, /*timed_out=*/true);
+      continue;
+    }
+    for (auto it = q.begin(); it != q.end();) {
+      if ((*it)->deadline > now) {
+        ++it;
         continue;
       }
-      answer(op,
-             timeout_error(after + describe(*op) + ": rank " + std::to_string(p) +
+      answer(*it,
+             timeout_error(after + describe(**it) + ": rank " + std::to_string(p) +
                            " did not take it (its process or its mailbox is stuck)"),
              -1, answers);
-      if (i == 0 && pr.out.started) {
-        // Part of it is on the wire: the rest must follow, from a copy, since the caller's
-        // buffer is its own again.
-        op->owned_from = pr.out.done;
-        op->owned.assign(op->src + pr.out.done, op->src + op->bytes);
-        ++i;
-      } else {
-        q.erase(q.begin() + static_cast<long>(i));
-      }
+      it = q.erase(it);
     }
   }
 }
@@ -411,20 +417,23 @@ void NativeMailbox::check_peers(std::vector<Answer>& answers) {
   }
 }
 
-void NativeMailbox::fail_peer(int p, const std::string& why, std::vector<Answer>& answers) {
+void NativeMailbox::fail_peer(int p, const std::string& why, std::vector<Answer>& answers,
+                              bool timed_out) {
   Peer& pr = peers_[static_cast<size_t>(p)];
   if (pr.failed.empty()) pr.failed = why;
-  for (const OpPtr& op : pr.out.queue)
-    answer(op, comm_error(describe(*op) + ": " + why), -1, answers);
+  auto error = [&](const Op& op) {
+    return timed_out ? timeout_error(why) : comm_error(describe(op) + ": " + why);
+  };
+  for (const OpPtr& op : pr.out.queue) answer(op, error(*op), -1, answers);
   pr.out.queue.clear();
-  if (pr.in.op) answer(pr.in.op, comm_error(describe(*pr.in.op) + ": " + why), -1, answers);
+  if (pr.in.op) answer(pr.in.op, error(*pr.in.op), -1, answers);
   pr.in = Incoming{};
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->peer != p || it->complete) {
       ++it;
       continue;
     }
-    if (it->taker) answer(it->taker, comm_error(describe(*it->taker) + ": " + why), -1, answers);
+    if (it->taker) answer(it->taker, error(*it->taker), -1, answers);
     it = held_.erase(it);
   }
   bool anyone_left = false;
@@ -433,7 +442,7 @@ void NativeMailbox::fail_peer(int p, const std::string& why, std::vector<Answer>
   }
   for (auto it = posted_.begin(); it != posted_.end();) {
     if ((*it)->peer == p || ((*it)->peer == kAnySource && !anyone_left)) {
-      answer(*it, comm_error(describe(**it) + ": " + why), -1, answers);
+      answer(*it, error(**it), -1, answers);
       it = posted_.erase(it);
     } else {
       ++it;
@@ -475,11 +484,12 @@ void NativeMailbox::progress_loop() {
       idle = 0;
       continue;
     }
-    if (++idle < settings_.spin) {
+    const unsigned spin = std::max(1u, settings_.spin);
+    if (++idle < spin) {
       _mm_pause();
       continue;
     }
-    if (idle == settings_.spin) idle_since = Clock::now();
+    if (idle == spin) idle_since = Clock::now();
     const auto waited = Clock::now() - idle_since;
     if (waited < std::chrono::milliseconds(2)) {
       sched_yield();

@@ -45,8 +45,6 @@ class NativeMailbox final : public Mailbox {
     const uint8_t* src = nullptr;  // a send's bytes
     uint8_t* dst = nullptr;        // a receive's destination
     size_t bytes = 0;
-    std::vector<uint8_t> owned;  // a send's unsent rest, kept after its call timed out
-    size_t owned_from = 0;       // the offset of owned[0] in the message
     Clock::time_point deadline;
     std::shared_ptr<WorkState> work;  // null once its call has been answered
     Done done;
@@ -102,7 +100,10 @@ class NativeMailbox final : public Mailbox {
   OpPtr match_posted(int peer, int tag);
   void expire(Clock::time_point now, std::vector<Answer>& answers);
   void check_peers(std::vector<Answer>& answers);
-  void fail_peer(int p, const std::string& why, std::vector<Answer>& answers);
+  // Fails every call with rank p, now and later: with CommError naming `why`, or with
+  // TimeoutError carrying it as it is (a send cut part way by its timeout).
+  void fail_peer(int p, const std::string& why, std::vector<Answer>& answers,
+                 bool timed_out = false);
   void answer(const OpPtr& op, std::exception_ptr error, int source, std::vector<Answer>& answers);
   static void deliver(std::vector<Answer>& answers);
   bool pending() const;  // anything posted or in flight (caller holds mu_)

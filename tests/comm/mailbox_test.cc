@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -152,7 +153,7 @@ TEST(Mailbox, WrongSizeIsNamedAndTheMessageWaitsForTheRightReceive) {
   cohort::testing::expect_all_ok(rs);
 }
 
-// A receive and a send that nobody takes: "Timed out", naming the rank, at the timeout.
+// A receive that nothing arrives for: "Timed out", naming the rank, at the timeout.
 TEST(Mailbox, TimeoutsSayTimedOutAndNameTheRank) {
   RunOptions o;
   o.env["COHORT_TIMEOUT"] = "1";
@@ -181,6 +182,67 @@ TEST(Mailbox, TimeoutsSayTimedOutAndNameTheRank) {
         c->barrier().wait();
       },
       o);
+  cohort::testing::expect_all_ok(rs);
+}
+
+// A send that a stopped rank stops taking part way (64 MiB through a 4 MiB ring) fails at the
+// timeout, and the mailbox's link to that rank is closed: the rest of the message cannot follow,
+// and a transport that sends in place must stop reading the caller's buffer.
+TEST(Mailbox, ASendCutPartWayByItsTimeoutClosesTheLink) {
+  RunOptions o;
+  o.env["COHORT_TIMEOUT"] = "1";
+  o.env["COHORT_HEARTBEAT_TIMEOUT"] = "30";
+  const std::string pid_file = "/tmp/cohort-mailbox-test-" + std::to_string(::getpid());
+  auto rs = run_ranks(
+      2,
+      [&](int rank) {
+        auto c = init();
+        auto box = c->open_mailbox();
+        if (rank == 1) {
+          FILE* f = std::fopen(pid_file.c_str(), "w");
+          REQUIRE(f, "cannot write " << pid_file);
+          std::fprintf(f, "%d\n", ::getpid());
+          std::fclose(f);
+        }
+        c->barrier().wait();
+        if (rank == 1) {
+          ::raise(SIGSTOP);  // rank 0 continues it once its send has failed
+        } else {
+          int pid = 0;
+          FILE* f = std::fopen(pid_file.c_str(), "r");
+          REQUIRE(f && std::fscanf(f, "%d", &pid) == 1, "no pid in " << pid_file);
+          std::fclose(f);
+          ::usleep(100000);  // rank 1 stops
+          std::vector<uint8_t> big(64u << 20, 7);
+          const auto t0 = std::chrono::steady_clock::now();
+          std::string msg;
+          try {
+            box->isend(big.data(), big.size(), 1, 0).wait();
+          } catch (const cohort::TimeoutError& e) {
+            msg = e.what();
+          }
+          const double took =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          ::kill(pid, SIGCONT);
+          REQUIRE(msg.find("Timed out") != std::string::npos &&
+                      msg.find("stopped taking it part way") != std::string::npos &&
+                      msg.find("link to rank 1 is closed") != std::string::npos,
+                  "message: " << msg);
+          REQUIRE(took >= 1.0 && took < 1.5, "took " << took << " s");
+          big.assign(big.size(), 0);  // the buffer is the caller's again
+          bool failed = false;
+          try {  // and the link stays closed
+            box->isend(big.data(), 16, 1, 0).wait();
+          } catch (const cohort::CommError&) {
+            failed = true;
+          }
+          REQUIRE(failed, "a send over the closed link succeeded");
+        }
+        ::usleep(200000);
+        c->barrier().wait();
+      },
+      o);
+  std::remove(pid_file.c_str());
   cohort::testing::expect_all_ok(rs);
 }
 

@@ -131,6 +131,14 @@ class PointToPoint(unittest.TestCase):
         for world in (2, 3):
             self.check_all_pass("gather_coalesced", world, timeout=60)
 
+    def test_receives_nobody_sends_to_do_not_hold_up_leaving(self):
+        # Under a 60 s timeout: destroying a group, and leaving the interpreter, with a receive
+        # still posted that no rank will answer.
+        t0 = time.monotonic()
+        out = self.check_all_pass("unanswered_recv", 2, timeout=60)
+        self.assertLess(time.monotonic() - t0, 30)
+        self.assertIn("destroyed in", out[0][1])
+
     def test_timeouts_say_timed_out(self):
         results = self.check_all_pass("timeout", 2, timeout=60)
         out = results[0][1]
@@ -150,7 +158,8 @@ def worker(case):
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
-    if case in ("killed", "mismatch", "in_flight", "p2p_independent", "any_source", "timeout"):
+    if case in ("killed", "mismatch", "in_flight", "p2p_independent", "any_source", "timeout",
+                "unanswered_recv"):
         dist.init_process_group("cohort", timeout=__import__("datetime").timedelta(seconds=30))
         CASES[case](rank, world, None, None)
         return
@@ -655,7 +664,39 @@ def case_gather_coalesced(rank, world, pg, gloo):
                 assert torch.equal(outs["cohort"][r][i], want), (dtype, r, i)
                 if "gloo" in outs:
                     assert torch.equal(outs["cohort"][r][i], outs["gloo"][r][i]), (dtype, r, i)
+    # Mixed dtypes and a non-contiguous output, straight through the group (torch's wrapper
+    # refuses mixed dtypes; the backend takes them).
+    ins = [torch.tensor([rank, 1, 2], dtype=torch.int8), torch.tensor([rank + 0.5, 2.5])]
+    outs = [[torch.zeros(3, dtype=torch.int8), torch.zeros(4)[::2]] for _ in range(world)]
+    pg.allgather_coalesced(outs, ins).wait()
+    for r in range(world):
+        assert outs[r][0].tolist() == [r, 1, 2] and outs[r][1].tolist() == [r + 0.5, 2.5], outs[r]
     print(f"rank {rank}: all_gather_coalesced matched")
+
+
+def case_unanswered_recv(rank, world, pg, gloo):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    g = dist.new_group(backend="cohort", timeout=datetime.timedelta(seconds=60))
+    w = dist.irecv(torch.zeros(4), 1 - rank, group=g, tag=42)  # nobody sends it
+    dist.barrier(group=g)
+    t0 = time.monotonic()
+    dist.destroy_process_group(g)
+    del g  # the last reference: the group is destroyed here
+    took = time.monotonic() - t0
+    assert took < 5, f"destroying the group took {took:.1f} s"
+    try:
+        w.wait()
+        raise AssertionError("the cancelled receive succeeded")
+    except RuntimeError as e:
+        assert "closed" in str(e), e
+    print(f"rank {rank}: destroyed in {took:.2f} s")
+    # Left posted at exit on the default group: the atexit drain must not wait for it.
+    dist.irecv(torch.zeros(4), 1 - rank, tag=43)
+    dist.barrier()
 
 
 def case_timeout(rank, world, pg, gloo):
@@ -685,8 +726,10 @@ def case_timeout(rank, world, pg, gloo):
                 assert limit <= took < limit + 0.1, f"{what} raised after {took:.3f} s: {msg}"
                 print(f"rank 0: {what} timed out in time, after {took:.3f} s: {msg[:160]}")
             store.set(f"timed_out_{what}", "1")
+            store.wait([f"seen_{what}"], datetime.timedelta(seconds=30))  # rank 0 hosts the store
         else:
             store.wait([f"timed_out_{what}"], datetime.timedelta(seconds=30))
+            store.set(f"seen_{what}", "1")
     sys.stdout.flush()
     os._exit(0)  # the timed-out groups are broken on rank 0; nothing more is asked of them
 
@@ -695,7 +738,8 @@ CASES = {"ops": case_ops, "checks": case_checks, "training": case_training,
          "killed": case_killed, "mismatch": case_mismatch, "in_flight": case_in_flight,
          "loader_shards": case_loader_shards, "p2p": case_p2p,
          "p2p_independent": case_p2p_independent, "any_source": case_any_source,
-         "gather_coalesced": case_gather_coalesced, "timeout": case_timeout}
+         "gather_coalesced": case_gather_coalesced, "timeout": case_timeout,
+         "unanswered_recv": case_unanswered_recv}
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":

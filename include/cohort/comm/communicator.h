@@ -105,8 +105,12 @@ inline constexpr int kAnySource = -1;
 // one rank with one tag match in the order sent. Every call completes on its own, whatever order
 // the ranks post them in and whatever collectives run meanwhile: the mailbox has links of its own
 // and a thread that keeps them moving, and a message that arrives before its receive is held
-// (in memory the mailbox allocates) until one is posted. Calls fail with TimeoutError ("Timed
-// out ...") after the communicator's timeout, and with CommError naming the rank when a peer dies.
+// (in memory the mailbox allocates) until one is posted. A receive of another size than the
+// message fails, naming both sizes, and the message waits for the next receive that matches it.
+// Calls fail with TimeoutError ("Timed out ...") after the communicator's timeout, and with
+// CommError naming the rank when a peer dies. A receive that times out while its message
+// arrives takes that message with it (the rest is read and dropped); a send that times out part
+// way closes the mailbox's link to its rank, whose calls then all fail.
 class Mailbox {
  public:
   // Runs once when its call has finished, successfully or not: on the mailbox's thread, or on
