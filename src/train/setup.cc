@@ -153,6 +153,15 @@ void place_resume(Run& r, bool piped, int data_world) {
          << " x batch " << c.batch << " x accumulation " << c.accum_steps << ")";
     std::string policy = c.resume_policy;
     if (policy == "auto") policy = why.str().empty() ? "exact" : "repeat";
+    if (policy != "exact" && at % micro == 0 && why.str().empty()) {
+      // On a micro-batch boundary the shorter first step is whole micro-batches: nothing to
+      // repeat or skip.
+      r.say("train: resume: position %llu lies on a micro-batch boundary of %llu: --resume-policy "
+            "%s has nothing to repeat or skip\n",
+            static_cast<unsigned long long>(at), static_cast<unsigned long long>(micro),
+            policy.c_str());
+      policy = "exact";
+    }
     COHORT_CHECK(policy != "exact" || why.str().empty(),
                  c.resume << ": " << head.str()
                           << ", and this layout cannot train the samples left of that step as a "
