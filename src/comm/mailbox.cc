@@ -90,22 +90,28 @@ std::string NativeMailbox::describe(const Op& op) const {
   return s + (op.peer == kAnySource ? " from any rank" : " from rank " + std::to_string(op.peer));
 }
 
-Work NativeMailbox::isend(const void* data, size_t bytes, int peer, int tag, Done done) {
-  if (peer < 0 || peer >= size_ || peer == rank_) {
-    COHORT_THROW("isend: peer " << peer << " is not another rank of 0.." << size_ - 1);
-  }
-  if (bytes > wire::kMaxMessage) COHORT_THROW("isend: " << bytes << " bytes is not plausible");
+NativeMailbox::OpPtr NativeMailbox::make_op(bool send, int peer, int tag, size_t bytes,
+                                            Done done) const {
   auto op = std::make_shared<Op>();
-  op->send = true;
+  op->send = send;
   op->peer = peer;
   op->tag = tag;
-  op->src = static_cast<const uint8_t*>(data);
   op->bytes = bytes;
   op->deadline = Clock::now() + settings_.timeout;
   op->work = std::make_shared<WorkState>();
   op->work->algo = "direct";
   op->work->reason = "mailbox";
   op->done = std::move(done);
+  return op;
+}
+
+Work NativeMailbox::isend(const void* data, size_t bytes, int peer, int tag, Done done) {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    COHORT_THROW("isend: peer " << peer << " is not another rank of 0.." << size_ - 1);
+  }
+  if (bytes > wire::kMaxMessage) COHORT_THROW("isend: " << bytes << " bytes is not plausible");
+  OpPtr op = make_op(true, peer, tag, bytes, std::move(done));
+  op->src = static_cast<const uint8_t*>(data);
   Work w(op->work);
   std::vector<Answer> answers;
   {
@@ -128,16 +134,8 @@ Work NativeMailbox::irecv(void* data, size_t bytes, int peer, int tag, Done done
     COHORT_THROW("irecv: peer " << peer << " is not another rank of 0.." << size_ - 1
                                 << " nor kAnySource");
   }
-  auto op = std::make_shared<Op>();
-  op->peer = peer;
-  op->tag = tag;
+  OpPtr op = make_op(false, peer, tag, bytes, std::move(done));
   op->dst = static_cast<uint8_t*>(data);
-  op->bytes = bytes;
-  op->deadline = Clock::now() + settings_.timeout;
-  op->work = std::make_shared<WorkState>();
-  op->work->algo = "direct";
-  op->work->reason = "mailbox";
-  op->done = std::move(done);
   Work w(op->work);
   std::vector<Answer> answers;
   {

@@ -91,6 +91,8 @@ class NativeMailbox final : public Mailbox {
     int source = -1;
   };
 
+  // A call's state, its Work and its deadline (the buffer is the caller's to set).
+  OpPtr make_op(bool send, int peer, int tag, size_t bytes, Done done) const;
   void progress_loop();
   // One pass over every link under mu_: returns whether any byte moved.
   bool pass(std::vector<Answer>& answers);
