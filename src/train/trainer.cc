@@ -193,8 +193,16 @@ TrainSummary run_training(const TrainConfig& config) {
               pipeline_forward_backward(*r.pipe, x, t, c.micro_batches, c.label_smoothing, scale) /
               static_cast<float>(c.accum_steps);
         } else {
+          // The stand-in must not move this rank's BatchNorm running statistics: they are kept
+          // and put back.
+          std::vector<Tensor> kept;
+          if (!have) {
+            for (nn::Buffer* b : r.model->buffers())
+              kept.push_back(b->value.clone(b->value.order()));
+          }
           const float value = forward_backward(*r.model, x, t, c.label_smoothing, scale, r.dp.get(),
                                                k == c.accum_steps - 1, nullptr);
+          for (size_t i = 0; i < kept.size(); ++i) r.model->buffers()[i]->value.copy_(kept[i]);
           if (short_step) {
             short_loss += static_cast<double>(value) * n;
           } else {
