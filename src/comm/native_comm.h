@@ -137,7 +137,7 @@ class NativeComm final : public Communicator, public std::enable_shared_from_thi
   std::vector<uint32_t> send_seq_;  // point-to-point counters per peer (caller thread)
   std::vector<uint32_t> recv_seq_;
   uint32_t split_seq_ = 0;
-  uint32_t mailbox_seq_ = 0;  // open_mailbox calls (caller thread)
+  uint32_t mailbox_seq_ = 0;                          // open_mailbox calls (caller thread)
   uint64_t shared_seq_ = 0;                           // alloc_shared calls (caller thread)
   std::unordered_map<uint64_t, AlgoChoice> choices_;  // caller thread
   bool probed_ = false;                               // the engine's link figures were measured

@@ -156,10 +156,11 @@ void place_resume(Run& r, bool piped, int data_world) {
     if (policy != "exact" && at % micro == 0 && why.str().empty()) {
       // On a micro-batch boundary the shorter first step is whole micro-batches: nothing to
       // repeat or skip.
-      r.say("train: resume: position %llu lies on a micro-batch boundary of %llu: --resume-policy "
-            "%s has nothing to repeat or skip\n",
-            static_cast<unsigned long long>(at), static_cast<unsigned long long>(micro),
-            policy.c_str());
+      r.say(
+          "train: resume: position %llu lies on a micro-batch boundary of %llu: --resume-policy "
+          "%s has nothing to repeat or skip\n",
+          static_cast<unsigned long long>(at), static_cast<unsigned long long>(micro),
+          policy.c_str());
       policy = "exact";
     }
     COHORT_CHECK(policy != "exact" || why.str().empty(),
