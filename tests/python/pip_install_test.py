@@ -20,12 +20,14 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from backend_test import free_port, shm_segments  # noqa: E402  the same harness helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COHORT = os.environ.get("COHORT_BIN", os.path.join(ROOT, "build", "bin", "cohort"))
@@ -124,16 +126,6 @@ def make_dicom_set(path):
         with open(f, "wb") as out:
             out.write(dicom_32bit(48, 48, [x * 100000 + y * 7 + i
                                            for y in range(48) for x in range(48)]))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def shm_segments():
-    return {n for n in os.listdir("/dev/shm") if n.startswith("cohort-")}
 
 
 def run(cmd, what, timeout, **kw):
