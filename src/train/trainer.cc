@@ -7,9 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
+#include "cohort/nn/layers.h"
 #include "cohort/nn/safetensors.h"
 #include "cohort/train/loss_scaler.h"
 #include "cohort/train/metrics.h"
@@ -193,16 +195,12 @@ TrainSummary run_training(const TrainConfig& config) {
               pipeline_forward_backward(*r.pipe, x, t, c.micro_batches, c.label_smoothing, scale) /
               static_cast<float>(c.accum_steps);
         } else {
-          // The stand-in must not move this rank's BatchNorm running statistics: they are kept
-          // and put back.
-          std::vector<Tensor> kept;
-          if (!have) {
-            for (nn::Buffer* b : r.model->buffers())
-              kept.push_back(b->value.clone(b->value.order()));
-          }
+          // The stand-in must not move this rank's BatchNorm running statistics.
+          std::optional<nn::FrozenBatchNormStatistics> frozen;
+          if (!have) frozen.emplace();
           const float value = forward_backward(*r.model, x, t, c.label_smoothing, scale, r.dp.get(),
                                                k == c.accum_steps - 1, nullptr);
-          for (size_t i = 0; i < kept.size(); ++i) r.model->buffers()[i]->value.copy_(kept[i]);
+          frozen.reset();
           if (short_step) {
             short_loss += static_cast<double>(value) * n;
           } else {
