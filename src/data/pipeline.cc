@@ -1,9 +1,5 @@
 #include "cohort/data/pipeline.h"
 
-#ifdef COHORT_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -13,6 +9,7 @@
 #include <sstream>
 
 #include "cohort/core/clock.h"
+#include "cohort/core/cuda.h"
 #include "cohort/core/error.h"
 #include "cohort/core/half.h"
 #include "cohort/core/log.h"
@@ -27,31 +24,23 @@ namespace cohort::data {
 // ---------------------------------------------------------------- pipeline
 namespace {
 
-// Batch memory: page-locked when a CUDA device is present (copies to it then run at full speed
-// and asynchronously), 64-byte aligned host memory otherwise.
+// Batch memory: page-locked when this process trains on a CUDA device (copies to it then run at
+// full speed and asynchronously), 64-byte aligned host memory otherwise. Not before the device
+// is chosen: pinning would open a context on GPU 0 in every rank of a node.
 uint8_t* alloc_batch(size_t bytes, bool* pinned) {
-#ifdef COHORT_HAVE_CUDA
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
-    void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess) {
-      *pinned = true;
-      return static_cast<uint8_t*>(p);
-    }
+  if (cuda::device_chosen()) {
+    *pinned = true;
+    return static_cast<uint8_t*>(cuda::alloc_pinned(bytes));
   }
-#endif
   *pinned = false;
   return static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
 }
 
 void free_batch(uint8_t* p, bool pinned) {
-#ifdef COHORT_HAVE_CUDA
   if (pinned) {
-    cudaFreeHost(p);
+    cuda::free_pinned(p);
     return;
   }
-#endif
-  (void)pinned;
   std::free(p);
 }
 
