@@ -12,9 +12,11 @@
 #include <mutex>
 #include <sstream>
 
+#include "cohort/core/cuda.h"
 #include "cohort/core/env.h"
 #include "cohort/core/half.h"
 #include "cohort/core/settings.h"
+#include "cohort/tensor/device_allocator.h"
 
 namespace cohort::tensor {
 
@@ -161,7 +163,34 @@ void Allocator::reset_peak() {
 }
 
 Block::~Block() {
-  if (owned && ptr) Allocator::cpu().release(this);
+  if (!owned || !ptr) return;
+  if (device_allocator) {
+    device_allocator->release(this);
+  } else {
+    Allocator::cpu().release(this);
+  }
+}
+
+const char* device_name(Device d) {
+  return d == Device::cuda ? "cuda" : "cpu";
+}
+
+std::string device_string(Device d) {
+  if (d == Device::cpu) return "cpu";
+  return cuda::device_chosen() ? "cuda:" + std::to_string(cuda::current_device()) : "cuda";
+}
+
+void require_host(const Tensor& t, const char* what) {
+  COHORT_CHECK(t.device() == Device::cpu, what << " runs on the CPU, and its tensor "
+                                               << shape_string(t.shape()) << " is on "
+                                               << device_string(t.device()));
+}
+
+void require_same_device(const char* where, const char* a_name, const Tensor& a, const char* b_name,
+                         const Tensor& b) {
+  COHORT_CHECK(a.device() == b.device(), where << ": the " << a_name << " is on "
+                                               << device_string(a.device()) << " and the " << b_name
+                                               << " on " << device_string(b.device()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -176,6 +205,36 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Order order) {
   return t;
 }
 
+Tensor Tensor::empty_on(Device device, const Shape& shape, DType dtype, Order order) {
+  if (device == Device::cpu) return empty(shape, dtype, order);
+  for (int64_t d : shape) COHORT_CHECK(d >= 0, "negative dimension in " << shape_string(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.strides_ = strides_for(shape, order);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.block_ = DeviceAllocator::cuda().allocate(
+      static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), cuda::Stream::compute().id());
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == device_) return *this;
+  // Across devices the bytes move as they are: a dense tensor keeps its order.
+  const Tensor src = is_dense() ? *this : contiguous();
+  Tensor t = empty_on(device, src.shape_, src.dtype_, src.order());
+  const cuda::Stream s = cuda::Stream::compute();
+  if (device == Device::cuda) {
+    cuda::copy_to_device(t.raw(), src.raw(), src.bytes(), s);
+    // A pageable source is copied before cudaMemcpyAsync returns; wait anyway so that the
+    // caller may free or change src at once whatever memory it is in.
+    s.synchronize();
+  } else {
+    cuda::copy_to_host(t.raw(), src.raw(), src.bytes(), s);
+    s.synchronize();
+  }
+  return t;
+}
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Order order) {
   Tensor t = empty(shape, dtype, order);
   t.zero_();
@@ -188,8 +247,9 @@ Tensor Tensor::full(const Shape& shape, float value, Order order) {
   return t;
 }
 
-Tensor Tensor::wrap(void* ptr, const Shape& shape, DType dtype, Order order) {
+Tensor Tensor::wrap(void* ptr, const Shape& shape, DType dtype, Order order, Device device) {
   Tensor t;
+  t.device_ = device;
   t.shape_ = shape;
   t.strides_ = strides_for(shape, order);
   t.dtype_ = dtype;
@@ -197,6 +257,7 @@ Tensor Tensor::wrap(void* ptr, const Shape& shape, DType dtype, Order order) {
   t.block_->ptr = ptr;
   t.block_->bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   t.block_->owned = false;
+  t.block_->device = device;
   return t;
 }
 
@@ -251,6 +312,10 @@ Tensor Tensor::narrow0(int64_t begin, int64_t end) const {
 }
 
 Tensor& Tensor::zero_() {
+  if (device_ == Device::cuda && is_dense()) {
+    cuda::memset_on_device(raw(), 0, bytes(), cuda::Stream::compute());
+    return *this;
+  }
   if (is_dense()) {
     std::memset(raw(), 0, bytes());
     return *this;
@@ -259,6 +324,7 @@ Tensor& Tensor::zero_() {
 }
 
 Tensor& Tensor::fill_(float value) {
+  require_host(*this, "fill_");
   COHORT_CHECK(dtype_ == DType::f32 && is_dense(), "fill_ needs a dense f32 tensor");
   float* p = data<float>();
   const int64_t n = numel();
@@ -309,6 +375,23 @@ void store_from_f32(void* base, DType t, int64_t i, float v) {
 Tensor& Tensor::copy_(const Tensor& src) {
   COHORT_CHECK(src.shape_ == shape_,
                "copy_ from " << shape_string(src.shape_) << " into " << shape_string(shape_));
+  if (device_ == Device::cuda || src.device_ == Device::cuda) {
+    COHORT_CHECK(
+        src.dtype_ == dtype_ && src.strides_ == strides_ && is_dense(),
+        "copy_ between " << device_string(src.device_) << " and " << device_string(device_)
+                         << " moves bytes as they are: both dense, of one dtype and order");
+    const cuda::Stream s = cuda::Stream::compute();
+    if (device_ == Device::cuda && src.device_ == Device::cuda) {
+      cuda::copy_on_device(raw(), src.raw(), bytes(), s);
+    } else if (device_ == Device::cuda) {
+      cuda::copy_to_device(raw(), src.raw(), bytes(), s);
+      s.synchronize();
+    } else {
+      cuda::copy_to_host(raw(), src.raw(), bytes(), s);
+      s.synchronize();
+    }
+    return *this;
+  }
   if (src.dtype_ == dtype_ && src.strides_ == strides_ && is_dense()) {
     std::memcpy(raw(), src.raw(), bytes());
     return *this;
@@ -348,7 +431,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor Tensor::clone(Order order) const {
-  Tensor t = empty(shape_, dtype_, order);
+  Tensor t = empty_on(device_, shape_, dtype_, order);
   t.copy_(*this);
   return t;
 }
@@ -365,6 +448,8 @@ Tensor Tensor::channels_last() const {
 
 namespace {
 void check_pair(const Tensor& a, const Tensor& b, const char* op) {
+  require_host(a, op);
+  require_host(b, op);
   COHORT_CHECK(a.shape() == b.shape() && a.strides() == b.strides() && a.is_dense() &&
                    a.dtype() == DType::f32 && b.dtype() == DType::f32,
                op << ": " << shape_string(a.shape()) << " vs " << shape_string(b.shape())
@@ -398,6 +483,7 @@ void add_into(Tensor& dst, const Tensor& a, const Tensor& b) {
 }
 
 void scale_(Tensor& dst, float s) {
+  require_host(dst, "scale_");
   COHORT_CHECK(dst.is_dense() && dst.dtype() == DType::f32, "scale_ needs dense f32");
   float* d = dst.data<float>();
   const int64_t n = dst.numel();
@@ -406,6 +492,7 @@ void scale_(Tensor& dst, float s) {
 }
 
 double sum(const Tensor& t) {
+  require_host(t, "sum");
   COHORT_CHECK(t.is_dense() && t.dtype() == DType::f32, "sum needs dense f32");
   const float* p = t.data<float>();
   double acc = 0;
@@ -440,6 +527,7 @@ void prefer_huge_pages(void* p, size_t bytes) {
 }
 
 double sum_squares(const Tensor& t) {
+  require_host(t, "sum_squares");
   COHORT_CHECK(t.is_dense() && t.dtype() == DType::f32, "sum_squares needs dense f32");
   const float* p = t.data<float>();
   double acc = 0;
@@ -450,6 +538,7 @@ double sum_squares(const Tensor& t) {
 }
 
 bool all_finite(const Tensor& t) {
+  require_host(t, "all_finite");
   COHORT_CHECK(t.is_dense() && t.dtype() == DType::f32, "all_finite needs dense f32");
   const float* p = t.data<float>();
   const int64_t n = t.numel();
@@ -460,6 +549,7 @@ bool all_finite(const Tensor& t) {
 }
 
 double max_abs(const Tensor& t) {
+  require_host(t, "max_abs");
   COHORT_CHECK(t.is_dense() && t.dtype() == DType::f32, "max_abs needs dense f32");
   const float* p = t.data<float>();
   const int64_t n = t.numel();

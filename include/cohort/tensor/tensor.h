@@ -28,12 +28,20 @@ int64_t shape_numel(const Shape& s);
 // Memory order of a new tensor: row-major, or channels-last for 4-d shapes.
 enum class Order : uint8_t { contiguous, channels_last };
 
+class DeviceAllocator;
+
 // One allocation. Returned to the allocator's cache when the last tensor using it goes.
 struct Block {
   void* ptr = nullptr;
   size_t bytes = 0;
   Device device = Device::cpu;
   bool owned = true;  // false: wraps memory someone else owns
+  // Device memory: the allocator it returns to, the stream it was allocated for, the other
+  // streams that used it (see device_allocator.h), and what it is for (MemoryUse).
+  DeviceAllocator* device_allocator = nullptr;
+  uintptr_t stream = 0;
+  std::vector<uintptr_t> other_streams;
+  uint8_t use = 0;
   ~Block();
 };
 
@@ -63,11 +71,15 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(const Shape& shape, DType dtype = DType::f32,
                       Order order = Order::contiguous);
+  // On `device`: cuda takes memory from DeviceAllocator::cuda() for the compute stream.
+  static Tensor empty_on(Device device, const Shape& shape, DType dtype = DType::f32,
+                         Order order = Order::contiguous);
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32,
                       Order order = Order::contiguous);
   static Tensor full(const Shape& shape, float value, Order order = Order::contiguous);
   // A view of memory owned elsewhere (a batch buffer, a mapped file); the caller keeps it alive.
-  static Tensor wrap(void* ptr, const Shape& shape, DType dtype, Order order = Order::contiguous);
+  static Tensor wrap(void* ptr, const Shape& shape, DType dtype, Order order = Order::contiguous,
+                     Device device = Device::cpu);
   // Shares `base`'s block at a byte offset (flat parameter buffers hand out such views).
   static Tensor view_of(const Tensor& base, size_t byte_offset, const Shape& shape);
 
@@ -107,6 +119,9 @@ class Tensor {
   // Copies values element by element, converting layout (and f32 <-> bf16/f16).
   Tensor& copy_(const Tensor& src);
   Tensor clone(Order order) const;
+  // A dense copy on `device` (this when already there); across devices the copy is queued on
+  // the compute stream, and a copy to the host waits for it.
+  Tensor to(Device device) const;
   Tensor contiguous() const;  // this when already contiguous
   Tensor channels_last() const;
 
@@ -119,6 +134,17 @@ class Tensor {
 };
 
 Shape strides_for(const Shape& shape, Order order);
+
+const char* device_name(Device d);  // "cpu", "cuda"
+// "cpu", or "cuda:N" for a tensor on this process's CUDA device.
+std::string device_string(Device d);
+// Throws unless t is in host memory: the loops of this file read it on the CPU. `what` names
+// the caller ("add_").
+void require_host(const Tensor& t, const char* what);
+// Throws unless a and b are on the same device, naming both: "Conv2d: the input is on cuda:0
+// and the weight on cpu". Layers check this at their boundary.
+void require_same_device(const char* where, const char* a_name, const Tensor& a, const char* b_name,
+                         const Tensor& b);
 
 // f32 kernels over dense tensors of the same shape and layout (vectorised loops).
 void add_(Tensor& dst, const Tensor& src, float alpha = 1.0f);  // dst += alpha * src
