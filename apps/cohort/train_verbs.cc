@@ -108,6 +108,10 @@ Run add_bench_train(CLI::App& app) {
                                                   {"bf16", train::Precision::bf16},
                                                   {"f16", train::Precision::f16}}))
       ->default_str("f32");
+  app.add_option("--device", o->device, "cpu, or cuda: each rank on the GPU of its local rank")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, tensor::Device>{
+          {"cpu", tensor::Device::cpu}, {"cuda", tensor::Device::cuda}}))
+      ->default_str("cpu");
   app.add_flag("!--no-profile", o->profile, "Skip the per-op time split");
   app.add_flag("--no-sync", o->no_sync,
                "Under DDP, communicate nothing (as PyTorch's no_sync): the step without its "

@@ -18,11 +18,34 @@ Under torch.distributed it reads this rank's shard (DistributedSampler's order: 
 same permutation of (seed, epoch), rank r every world-th sample).
 """
 
+import os
+
 import torch
 
 from . import _C
 
 __all__ = ["Loader"]
+
+
+def _resolve_device(device):
+    """torch.device for the loader's `device`; "cuda" alone is LOCAL_RANK's GPU."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r}: expected 'cpu', 'cuda' or 'cuda:N' ({e})") from None
+    if d.type == "cpu":
+        return d
+    if d.type != "cuda":
+        raise ValueError(f"device={device!r}: the loader delivers to 'cpu' or 'cuda' only")
+    if not torch.cuda.is_available():
+        why = "this PyTorch has no CUDA" if torch.version.cuda is None else \
+            "no CUDA device is visible"
+        raise ValueError(f"device={device!r}: torch.cuda.is_available() is False ({why})")
+    index = d.index if d.index is not None else int(os.environ.get("LOCAL_RANK", "0"))
+    count = torch.cuda.device_count()
+    if not 0 <= index < count:
+        raise ValueError(f"device={device!r}: GPU {index} asked for, and {count} are visible")
+    return torch.device("cuda", index)
 
 
 class Loader(torch.utils.data.IterableDataset):
@@ -43,6 +66,9 @@ class Loader(torch.utils.data.IterableDataset):
     channels_last: NHWC memory with the logical NCHW shape. multilabel: labels as a float
     multi-hot [batch, classes] instead of int64 first labels (-1 for a scan with no finding). rank/world: default from
     torch.distributed when it is initialised.
+    device: "cpu", or "cuda" (the GPU of LOCAL_RANK, as under torchrun), "cuda:N" or a
+    torch.device: batches are copied there on a stream of their own, one batch ahead, and the
+    consumer's stream waits for the copy (the host does not).
     """
 
     def __init__(self, path, batch_size, image_size=224, workers=2, seed=0, train=True, *,
@@ -51,8 +77,10 @@ class Loader(torch.utils.data.IterableDataset):
                  brightness=0.0, contrast=0.0, window=None,
                  channels=0, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
                  dtype=torch.float32, channels_last=False, multilabel=False,
-                 fail_on_corrupt=False, accurate_idct=False, rank=None, world=None):
+                 fail_on_corrupt=False, accurate_idct=False, rank=None, world=None,
+                 device="cpu"):
         super().__init__()
+        self.device = _resolve_device(device)
         if rank is None or world is None:
             dist = torch.distributed
             if dist.is_available() and dist.is_initialized():
@@ -109,16 +137,43 @@ class Loader(torch.utils.data.IterableDataset):
         start = self._start
         self._loader.start_epoch(self._epoch, start)
         self._consumed = 0
-        while True:
-            got = self._loader.next(self.multilabel)
-            if got is None:
-                break
-            self._consumed += 1
-            images, labels, _ = got
-            yield images, labels
+        if self.device.type == "cuda":
+            yield from self._on_device()
+        else:
+            while True:
+                got = self._loader.next(self.multilabel)
+                if got is None:
+                    break
+                self._consumed += 1
+                images, labels, _ = got
+                yield images, labels
         # A finished epoch: the next iteration starts this epoch again unless set_epoch moves on.
         self._start = 0
         self._consumed = 0
+
+    def _on_device(self):
+        # The next batch's copy is queued on a copy stream before this one is handed out.
+        copy = torch.cuda.Stream(device=self.device)
+
+        def upload():
+            got = self._loader.next(self.multilabel)
+            if got is None:
+                return None
+            images, labels, _ = got
+            with torch.cuda.stream(copy):
+                return (images.to(self.device, non_blocking=True),
+                        labels.to(self.device, non_blocking=True))
+
+        ahead = upload()
+        while ahead is not None:
+            images, labels = ahead
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_stream(copy)
+            images.record_stream(consumer)
+            labels.record_stream(consumer)
+            ahead = upload()
+            self._consumed += 1
+            yield images, labels
 
     def state_dict(self):
         """Where this loader is: epoch and global position (samples every rank consumed)."""

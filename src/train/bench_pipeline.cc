@@ -25,6 +25,7 @@ BenchTrainResult bench_pipeline(const BenchTrainOptions& o) {
       "--batch " << o.batch << " is not a multiple of --micro-batches " << po.micro_batches);
   comm::JobEnv job = comm::detect_job_env();
   default_threads(o.threads, job);
+  choose_device(o.device, job);
   std::shared_ptr<comm::Communicator> world = comm::init();
   const bool lead = job.rank == 0;
   const std::string precision_note = apply_precision(o.precision);

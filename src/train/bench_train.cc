@@ -61,6 +61,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
                "bench train: steps " << o.steps << ", warmup " << o.warmup);
   comm::JobEnv job = comm::detect_job_env();
   default_threads(o.threads, job);
+  choose_device(o.device, job);
   std::shared_ptr<comm::Communicator> world;
   if (job.world > 1) world = comm::init();
   const bool lead = job.rank == 0;

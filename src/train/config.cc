@@ -285,6 +285,8 @@ const std::vector<ConfigKey>& train_config_keys() {
           &C::report),
       choice("precision", "Convolution and Linear compute: f32, bf16 or f16 (f32 master weights)",
              &C::precision, {Precision::f32, Precision::bf16, Precision::f16}, precision_name),
+      choice("device", "cpu, or cuda: each rank trains on the GPU of its local rank", &C::device,
+             {tensor::Device::cpu, tensor::Device::cuda}, tensor::device_name),
       num("loss-scale", "f16: initial dynamic loss scale", &C::loss_scale, 1.0f, 1e10f),
       str("resume-policy",
           "A resume off this layout's batches: auto (exact where possible, else repeat), exact, "

@@ -81,6 +81,9 @@ void write_bench_json(const std::string& path, const nlohmann::json& j);
 // Shared by cohort train and cohort bench train.
 void default_threads(int asked, const comm::JobEnv& job);
 std::string apply_precision(Precision p);  // sets the compute type; says what runs in what
+// --device: cpu, or this rank's GPU (its local rank's, as torchrun's users expect). Throws a
+// clear error where there is no usable GPU, naming why.
+std::string choose_device(tensor::Device d, const comm::JobEnv& job);
 
 // A pipeline batch as the model's input (a view, no copy) and its targets.
 Tensor batch_tensor(const data::Batch& b);

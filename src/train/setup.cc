@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cohort/core/clock.h"
+#include "cohort/core/cuda.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/nn/layers.h"
@@ -262,6 +263,22 @@ std::string apply_precision(Precision p) {
          (f16 ? " (dynamic loss scaling still applies)" : "");
 }
 
+std::string choose_device(tensor::Device d, const comm::JobEnv& job) {
+  if (d == tensor::Device::cpu) return "cpu";
+  const int gpu = job.local_rank;
+  const std::string from = job.launcher == "mpirun"   ? "OMPI_COMM_WORLD_LOCAL_RANK"
+                           : job.launcher == "slurm"  ? "SLURM_LOCALID"
+                           : job.launcher == "single" ? "one process"
+                                                      : "LOCAL_RANK";
+  cuda::use_device(gpu, "local rank " + std::to_string(gpu) + ", from " + from);
+  const cuda::DeviceInfo g = cuda::info(gpu);
+  // The device is chosen and usable; the layers that would run on it are not there yet.
+  COHORT_THROW("--device cuda: cuda:" << gpu << " (" << g.name
+                                      << ") is usable, but this build cannot train on it yet: "
+                                         "its cuDNN and cuBLASLt layers are still to come "
+                                         "(issue 36); --device cpu trains on the CPU");
+}
+
 Run set_up(const TrainConfig& config) {
   COHORT_CHECK(!config.data.empty(), "cohort train needs --data (or 'data' in the config file)");
   Run r;
@@ -287,6 +304,7 @@ Run set_up(const TrainConfig& config) {
   }
   r.lead = r.job.rank == 0;
   default_threads(c.threads, r.job);
+  choose_device(c.device, r.job);
   r.precision_note = apply_precision(c.precision);
 
   r.source = data::open_source(c.data);

@@ -66,6 +66,27 @@ class LoaderTest(unittest.TestCase):
         a.set_epoch(1)
         self.assertFalse(torch.equal(next(iter(a))[0], xa[0]))
 
+    def test_device_is_cpu_or_a_visible_gpu(self):
+        # "cpu" (the default) delivers host tensors; "cuda" needs a GPU torch can see, and is
+        # refused with the reason where there is none (Debian's torch has no CUDA). A GPU
+        # index beyond the visible ones, and devices the loader does not deliver to, are named.
+        x, y = next(iter(self.loader(device="cpu")))
+        self.assertEqual((x.device.type, y.device.type), ("cpu", "cpu"))
+        if torch.cuda.is_available():
+            n = torch.cuda.device_count()
+            with self.assertRaisesRegex(ValueError, f"GPU {n} asked for, and {n} are visible"):
+                self.loader(device=f"cuda:{n}")
+            x, y = next(iter(self.loader(device="cuda")))
+            self.assertEqual((x.device.type, y.device.type), ("cuda", "cuda"))
+        else:
+            for d in ("cuda", "cuda:0", torch.device("cuda", 1)):
+                with self.assertRaisesRegex(ValueError, r"torch.cuda.is_available\(\) is False"):
+                    self.loader(device=d)
+        with self.assertRaisesRegex(ValueError, "delivers to 'cpu' or 'cuda' only"):
+            self.loader(device="meta")
+        with self.assertRaisesRegex(ValueError, "expected 'cpu', 'cuda' or 'cuda:N'"):
+            self.loader(device="gpu0")
+
     def test_ranks_split_the_epoch(self):
         whole = digests(self.loader())
         parts = digests(self.loader(rank=0, world=2)) + digests(self.loader(rank=1, world=2))

@@ -78,6 +78,8 @@ struct TrainConfig {
   // Mixed precision: convolutions and Linear layers in bf16 or f16 (f32 master weights,
   // gradients and optimiser state); f16 adds dynamic loss scaling.
   Precision precision = Precision::f32;
+  // Where the model trains: cpu, or cuda (each rank takes the GPU of its local rank).
+  tensor::Device device = tensor::Device::cpu;
   float loss_scale = 65536;  // f16: the initial dynamic loss scale
   // --resume at a position that is no whole number of this layout's batches (docs/training.md):
   // auto (exact where the layout can run the leftover samples as a shorter first step, else

@@ -79,6 +79,7 @@ struct BenchTrainOptions {
   dist::PipelineOptions pipeline;  // stages > 0: pipelined (bench_pipeline)
   uint64_t max_memory = 0;
   Precision precision = Precision::f32;
+  tensor::Device device = tensor::Device::cpu;
 };
 
 struct BenchTrainResult {

@@ -1,0 +1,83 @@
+// --device as a user meets it on a machine without a GPU: `cohort train` and `cohort bench
+// train` stop with a clear error that says why (no device, or no GPU parts in the build), never a
+// crash; and, where CUDA is built, the CPU-only link of the same CLI (cohort-cpu-only) holds
+// nothing of CUDA's and trains on the CPU.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cohort/core/cuda.h"
+#include "testing/shell.h"
+#include "testing/temp_dir.h"
+
+namespace {
+
+using cohort::testing::cohort_bin;
+using cohort::testing::sh;
+using cohort::testing::TempDir;
+
+// A clean refusal: exit status 1 with Cohort's error, not a signal or an abort.
+void expect_refused(const cohort::testing::ShellResult& r, const std::string& says) {
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(says), std::string::npos) << "expected '" << says << "' in:\n" << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Aborted"), std::string::npos) << r.out;
+}
+
+TEST(DeviceCli, CudaWithoutAGpuIsAClearErrorNamingTheLocalRank) {
+  if (cohort::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
+  TempDir dir;
+  const std::string data = dir.file("none");
+  // Single process: GPU 0.
+  expect_refused(sh("timeout 60 " + cohort_bin() + " train --data " + data + " --device cuda"),
+                 "--device cuda (local rank 0, from one process): ");
+  // Under torchrun's variables: LOCAL_RANK's GPU.
+  expect_refused(sh("RANK=0 WORLD_SIZE=1 LOCAL_RANK=1 timeout 60 " + cohort_bin() +
+                    " bench train --model resnet18 --batch 2 --image-size 32 --steps 1 "
+                    "--device cuda"),
+                 "--device cuda (local rank 1, from LOCAL_RANK): ");
+  // From a config file, as from the flag.
+  const std::string cfg = dir.file("run.toml");
+  ASSERT_EQ(sh("printf 'data = \"" + data + "\"\\ndevice = \"cuda\"\\n' > " + cfg).code, 0);
+  expect_refused(sh("timeout 60 " + cohort_bin() + " train --config " + cfg),
+                 "--device cuda (local rank 0, from one process): ");
+  // The reason is the runtime's own sentence.
+  auto r = sh("timeout 60 " + cohort_bin() + " train --data " + data + " --device cuda");
+  EXPECT_NE(r.out.find(cohort::cuda::unavailable_reason()), std::string::npos) << r.out;
+}
+
+TEST(DeviceCli, AnUnknownDeviceNamesTheChoices) {
+  TempDir dir;
+  auto r = sh("timeout 60 " + cohort_bin() + " train --data " + dir.file("none") + " --device tpu");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("'device' must be one of cpu, cuda, got 'tpu'"), std::string::npos) << r.out;
+  r = sh("timeout 60 " + cohort_bin() + " bench train --device tpu");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("tpu"), std::string::npos) << r.out;
+}
+
+#ifdef COHORT_CPU_ONLY_BIN
+// The CLI linked with the CUDA runtime's stand-in: no CUDA symbol in the binary (the CUDA build
+// has CUDA's static runtime in it), --device cuda says the build has no GPU parts, and a
+// training step runs on the CPU.
+TEST(DeviceCli, TheCpuOnlyBuildLinksNothingOfCudaAndTrains) {
+  const std::string cpu_only = COHORT_CPU_ONLY_BIN;
+  EXPECT_EQ(sh("grep -q cudaGetDeviceCount " + cohort_bin()).code, 0);
+  EXPECT_EQ(sh("grep -q cudaGetDeviceCount " + cpu_only).code, 1);
+  auto ldd = sh("ldd " + cpu_only);
+  ASSERT_EQ(ldd.code, 0) << ldd.out;
+  EXPECT_EQ(ldd.out.find("libcud"), std::string::npos) << ldd.out;
+
+  TempDir dir;
+  expect_refused(
+      sh("timeout 60 " + cpu_only + " train --data " + dir.file("none") + " --device cuda"),
+      "this build of Cohort has no GPU parts");
+  auto run = sh("timeout 120 " + cpu_only +
+                " bench train --model resnet18 --batch 2 --image-size 32 --num-classes 4 "
+                "--steps 2 --warmup 1 --no-profile --threads 1");
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_NE(run.out.find("images/s"), std::string::npos) << run.out;
+}
+#endif
+
+}  // namespace
