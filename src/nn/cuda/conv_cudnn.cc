@@ -42,7 +42,7 @@ cudnnDataType_t cudnn_type(DType t) {
 }
 
 // One cuDNN handle for the process's device, bound to its compute stream.
-cudnnHandle_t handle() {
+cudnnHandle_t cudnn_handle() {
   static std::once_flag once;
   static cudnnHandle_t h = nullptr;
   std::call_once(once, [] {
@@ -131,7 +131,7 @@ CudnnConv::CudnnConv(const Conv2dOptions& o, const tensor::Shape& x, tensor::Ord
   auto& alloc = tensor::DeviceAllocator::cuda();
   auto scratch =
       alloc.allocate(s.workspace_limit, cuda::Stream::compute().id(), tensor::MemoryUse::workspace);
-  cudnnHandle_t hd = handle();
+  cudnnHandle_t hd = cudnn_handle();
   constexpr int kMax = 16;
   int found = 0;
   {
@@ -200,8 +200,9 @@ void CudnnConv::forward(const Tensor& x, const Tensor& w, Tensor& y) const {
   check_on_device("output", y, y_shape_, s_.type);
   const float one = 1, zero = 0;
   auto ws = workspace(d_->fwd_ws);
-  COHORT_CUDNN(cudnnConvolutionForward(handle(), &one, d_->x, x.raw(), d_->w, w.raw(), d_->conv,
-                                       d_->fwd, ptr(ws), d_->fwd_ws, &zero, d_->y, y.raw()));
+  COHORT_CUDNN(cudnnConvolutionForward(cudnn_handle(), &one, d_->x, x.raw(), d_->w, w.raw(),
+                                       d_->conv, d_->fwd, ptr(ws), d_->fwd_ws, &zero, d_->y,
+                                       y.raw()));
 }
 
 void CudnnConv::backward_data(const Tensor& dy, const Tensor& w, Tensor& dx) const {
@@ -210,7 +211,7 @@ void CudnnConv::backward_data(const Tensor& dy, const Tensor& w, Tensor& dx) con
   check_on_device("input gradient", dx, x_shape_, s_.type);
   const float one = 1, zero = 0;
   auto ws = workspace(d_->data_ws);
-  COHORT_CUDNN(cudnnConvolutionBackwardData(handle(), &one, d_->w, w.raw(), d_->y, dy.raw(),
+  COHORT_CUDNN(cudnnConvolutionBackwardData(cudnn_handle(), &one, d_->w, w.raw(), d_->y, dy.raw(),
                                             d_->conv, d_->bwd_data, ptr(ws), d_->data_ws, &zero,
                                             d_->x, dx.raw()));
 }
@@ -222,7 +223,7 @@ void CudnnConv::backward_filter(const Tensor& x, const Tensor& dy, Tensor& dw,
   check_on_device("weight gradient", dw, w_shape_, s_.type);
   const float one = 1, beta = accumulate ? 1.0f : 0.0f;
   auto ws = workspace(d_->filter_ws);
-  COHORT_CUDNN(cudnnConvolutionBackwardFilter(handle(), &one, d_->x, x.raw(), d_->y, dy.raw(),
+  COHORT_CUDNN(cudnnConvolutionBackwardFilter(cudnn_handle(), &one, d_->x, x.raw(), d_->y, dy.raw(),
                                               d_->conv, d_->bwd_filter, ptr(ws), d_->filter_ws,
                                               &beta, d_->w, dw.raw()));
 }
