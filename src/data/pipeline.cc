@@ -29,8 +29,14 @@ namespace {
 // is chosen: pinning would open a context on GPU 0 in every rank of a node.
 uint8_t* alloc_batch(size_t bytes, bool* pinned) {
   if (cuda::device_chosen()) {
-    *pinned = true;
-    return static_cast<uint8_t*>(cuda::alloc_pinned(bytes));
+    try {
+      *pinned = true;
+      return static_cast<uint8_t*>(cuda::alloc_pinned(bytes));
+    } catch (const Error& e) {
+      // Page-locked memory is limited (RLIMIT_MEMLOCK, the driver): pageable memory still
+      // works, at the cost of synchronous copies.
+      COHORT_LOG(warn, "data: batch buffer not page-locked (" << e.message() << ")");
+    }
   }
   *pinned = false;
   return static_cast<uint8_t*>(std::aligned_alloc(64, bytes));

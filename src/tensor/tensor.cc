@@ -235,6 +235,7 @@ Tensor Tensor::to(Device device) const {
   }
   return t;
 }
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Order order) {
   Tensor t = empty(shape, dtype, order);
   t.zero_();
