@@ -11,11 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define COHORT_HD __host__ __device__ __forceinline__
-#else
-#define COHORT_HD inline
-#endif
+#include "cohort/core/host_device.h"
 
 namespace cohort::nn::kernels {
 

@@ -1,0 +1,10 @@
+// COHORT_HD marks arithmetic written once for the host and the GPU: `__host__ __device__` under
+// nvcc, a plain inline function elsewhere. Kernels call such functions for all their maths, and
+// host tests check the same functions against the CPU code.
+#pragma once
+
+#if defined(__CUDACC__)
+#define COHORT_HD __host__ __device__ __forceinline__
+#else
+#define COHORT_HD inline
+#endif
