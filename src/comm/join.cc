@@ -91,6 +91,8 @@ std::shared_ptr<NativeComm> NativeComm::join_world(Store store, int rank, int wo
 #ifdef COHORT_HAVE_MPI
 std::shared_ptr<Communicator> make_mpi_communicator(const JobEnv& env);
 #endif
+// nccl/nccl_comm.cc where NCCL is built, else nccl/nccl_absent.cc.
+std::shared_ptr<Communicator> make_nccl_communicator(const JobEnv& env, const detail::Settings& s);
 
 std::shared_ptr<Communicator> join(Store store, int rank, int world, const InitOptions& opt) {
   detail::Settings s = detail::Settings::from_env();
@@ -113,8 +115,9 @@ std::shared_ptr<Communicator> init(const InitOptions& opt) {
         "COHORT_BACKEND=mpi: this build has no MPI support (configure with -DCOHORT_MPI=ON)");
 #endif
   }
+  if (backend == "nccl") return make_nccl_communicator(env, s);
   if (backend != "cohort") {
-    COHORT_THROW("COHORT_BACKEND='" << backend << "': expected cohort or mpi");
+    COHORT_THROW("COHORT_BACKEND='" << backend << "': expected cohort, mpi or nccl");
   }
   return detail::NativeComm::init_world(env, s);
 }

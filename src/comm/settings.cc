@@ -60,8 +60,8 @@ Settings Settings::from_env() {
     s.host_id = buf;
   }
   s.backend = e.backend;
-  if (s.backend != "cohort" && s.backend != "mpi") {
-    COHORT_THROW("COHORT_BACKEND='" << s.backend << "': expected cohort or mpi");
+  if (s.backend != "cohort" && s.backend != "mpi" && s.backend != "nccl") {
+    COHORT_THROW("COHORT_BACKEND='" << s.backend << "': expected cohort, mpi or nccl");
   }
   return s;
 }

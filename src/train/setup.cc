@@ -270,7 +270,8 @@ std::string choose_device(tensor::Device d, const comm::JobEnv& job) {
                            : job.launcher == "slurm"  ? "SLURM_LOCALID"
                            : job.launcher == "single" ? "one process"
                                                       : "LOCAL_RANK";
-  cuda::use_device(gpu, "local rank " + std::to_string(gpu) + ", from " + from);
+  cuda::use_device(gpu,
+                   "--device cuda (local rank " + std::to_string(gpu) + ", from " + from + ")");
   const cuda::DeviceInfo g = cuda::info(gpu);
   // The device is chosen and usable; the layers that would run on it are not there yet.
   COHORT_THROW("--device cuda: cuda:" << gpu << " (" << g.name

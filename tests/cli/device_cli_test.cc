@@ -56,6 +56,42 @@ TEST(DeviceCli, AnUnknownDeviceNamesTheChoices) {
   EXPECT_NE(r.out.find("tpu"), std::string::npos) << r.out;
 }
 
+// COHORT_BACKEND=nccl without a GPU, with 2 real ranks under cohort launch: rank 0's NCCL unique
+// id reaches rank 1 through the store (both log the same one), then each rank reports in the
+// store whether it has a GPU, and every rank stops with the reason of the one that has none,
+// named, before any enters NCCL, which could then wait for a peer forever.
+TEST(DeviceCli, NcclBackendAgreesOnItsIdThenNamesTheRankWithoutAGpu) {
+  if (cohort::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
+  auto r = sh("COHORT_BACKEND=nccl COHORT_LOG=debug COHORT_TIMEOUT=20 timeout 60 " + cohort_bin() +
+              " launch --nproc-per-node 2 -- " + cohort_bin() + " bench comm");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_LT(r.seconds, 20) << r.out;
+#ifdef COHORT_CUDA_BUILT
+  std::string ids[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string tag = "[rank " + std::to_string(rank) + "] cohort debug: nccl: rank " +
+                            std::to_string(rank) + " has unique id ";
+    const size_t at = r.out.find(tag);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    ids[rank] = r.out.substr(at + tag.size(), 16);
+  }
+  EXPECT_EQ(ids[0], ids[1]) << r.out;
+  EXPECT_NE(r.out.find("[rank 0] cohort: error: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("COHORT_BACKEND=nccl: rank 0 cannot join: its GPU (local rank 0): " +
+                       cohort::cuda::unavailable_reason()),
+            std::string::npos)
+      << r.out;
+#else
+  EXPECT_NE(r.out.find("COHORT_BACKEND=nccl: rank 0: this build of Cohort has no NCCL"),
+            std::string::npos)
+      << r.out;
+#endif
+  auto bad = sh("COHORT_BACKEND=gloo timeout 30 " + cohort_bin() + " bench comm");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("COHORT_BACKEND='gloo': expected cohort, mpi or nccl"), std::string::npos)
+      << bad.out;
+}
+
 #ifdef COHORT_CPU_ONLY_BIN
 // The CLI linked with the CUDA runtime's stand-in: no CUDA symbol in the binary (the CUDA build
 // has CUDA's static runtime in it), --device cuda says the build has no GPU parts, and a
@@ -72,6 +108,10 @@ TEST(DeviceCli, TheCpuOnlyBuildLinksNothingOfCudaAndTrains) {
   expect_refused(
       sh("timeout 60 " + cpu_only + " train --data " + dir.file("none") + " --device cuda"),
       "this build of Cohort has no GPU parts");
+  auto nccl = sh("COHORT_BACKEND=nccl timeout 30 " + cpu_only + " bench comm");
+  EXPECT_NE(nccl.out.find("COHORT_BACKEND=nccl: rank 0: this build of Cohort has no NCCL"),
+            std::string::npos)
+      << nccl.out;
   auto run = sh("timeout 120 " + cpu_only +
                 " bench train --model resnet18 --batch 2 --image-size 32 --num-classes 4 "
                 "--steps 2 --warmup 1 --no-profile --threads 1");

@@ -47,7 +47,7 @@ TEST(Device, TheRuntimeSaysWhetherItWasBuiltAndWhyThereIsNoDevice) {
   } else {
     EXPECT_NE(why.find("this build of Cohort has no GPU parts"), std::string::npos) << why;
   }
-  const std::string e = error_of([] { cuda::use_device(0, "local rank 0"); });
+  const std::string e = error_of([] { cuda::use_device(0, "--device cuda (local rank 0)"); });
   EXPECT_NE(e.find("--device cuda (local rank 0): " + why), std::string::npos) << e;
   EXPECT_FALSE(cuda::device_chosen());
   const std::string mem = error_of([] { cohort::tensor::DeviceAllocator::cuda(); });

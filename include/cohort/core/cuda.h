@@ -28,8 +28,8 @@ struct DeviceInfo {
 DeviceInfo info(int index);
 
 // Makes `index` this process's device (cudaSetDevice) and creates its streams. Throws naming
-// the index, the count and, where there is none, unavailable_reason(). `why` says where the
-// index came from ("LOCAL_RANK=3").
+// the index, the count and, where there is none, unavailable_reason(), after `why`, which says
+// who asks and where the index came from ("--device cuda (local rank 3, from LOCAL_RANK)").
 void use_device(int index, const std::string& why);
 // The device use_device chose; throws when none was chosen.
 int current_device();

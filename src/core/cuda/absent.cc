@@ -25,7 +25,7 @@ DeviceInfo info(int) {
   no_cuda("cuda::info");
 }
 void use_device(int, const std::string& why) {
-  COHORT_THROW("--device cuda (" << why << "): " << unavailable_reason());
+  COHORT_THROW(why << ": " << unavailable_reason());
 }
 int current_device() {
   no_cuda("cuda::current_device");

@@ -90,11 +90,11 @@ DeviceInfo info(int index) {
 void use_device(int index, const std::string& why) {
   const int n = device_count();
   if (n == 0) {
-    COHORT_THROW("--device cuda (" << why << "): " << unavailable_reason());
+    COHORT_THROW(why << ": " << unavailable_reason());
   }
-  COHORT_CHECK(index >= 0 && index < n, "--device cuda: " << why << " asks for GPU " << index
-                                                          << ", and this machine has " << n
-                                                          << (n == 1 ? " GPU" : " GPUs"));
+  COHORT_CHECK(index >= 0 && index < n, why << " asks for GPU " << index
+                                            << ", and this machine has " << n
+                                            << (n == 1 ? " GPU" : " GPUs"));
   Current& c = current();
   std::lock_guard<std::mutex> lock(c.mu);
   if (c.device == index) return;
