@@ -9,28 +9,6 @@
 
 namespace cohort::data {
 
-namespace {
-size_t align_up(size_t n) {
-  return (n + 255) & ~size_t{255};
-}
-}  // namespace
-
-DeviceJpegDecoder::~DeviceJpegDecoder() {
-  for (Buffer* b : {&coef_, &planes_, &out_, &meta_})
-    if (b->p) cuda::device_free(b->p);
-  if (staging_.p) cuda::free_pinned(staging_.p);
-}
-
-void* DeviceJpegDecoder::reserve_device(Buffer& b, size_t bytes) {
-  if (b.bytes >= bytes) return b.p;
-  if (b.p) cuda::device_free(b.p);
-  b.bytes = 0;
-  b.p = cuda::device_malloc(bytes + bytes / 4);  // room to grow a little
-  COHORT_CHECK(b.p, "out of device memory for a JPEG batch of " << bytes << " bytes");
-  b.bytes = bytes + bytes / 4;
-  return b.p;
-}
-
 std::vector<DeviceJpegDecoder::Decoded> DeviceJpegDecoder::decode(
     const std::vector<JpegCoefficients>& batch, const cuda::Stream& s) {
   const int n = static_cast<int>(batch.size());
@@ -42,26 +20,21 @@ std::vector<DeviceJpegDecoder::Decoded> DeviceJpegDecoder::decode(
     COHORT_CHECK(c.components.size() == 1 || c.components.size() == 3,
                  "a JPEG of " << c.components.size() << " components on the device");
     for (const JpegComponent& k : c.components) {
-      coef_bytes += align_up(k.coef.size() * 2) + align_up(64 * 2);
-      plane_bytes += align_up(size_t(k.blocks_w) * k.blocks_h * 64);
+      coef_bytes += align256(k.coef.size() * 2) + align256(64 * 2);
+      plane_bytes += align256(size_t(k.blocks_w) * k.blocks_h * 64);
     }
-    out_bytes += align_up(size_t(c.width) * c.height * c.components.size());
+    out_bytes += align256(size_t(c.width) * c.height * c.components.size());
     max_w = std::max(max_w, c.width);
     max_h = std::max(max_h, c.height);
   }
   const size_t meta_bytes =
-      align_up(sizeof(kernels::DeviceJpegImage) * n) + sizeof(int64_t) * (size_t(n) * 3 + 1);
+      align256(sizeof(kernels::DeviceJpegImage) * n) + sizeof(int64_t) * (size_t(n) * 3 + 1);
   const size_t staged = coef_bytes + meta_bytes;
-  if (staging_.bytes < staged) {
-    if (staging_.p) cuda::free_pinned(staging_.p);
-    staging_.bytes = 0;
-    staging_.p = cuda::alloc_pinned(staged + staged / 4);
-    staging_.bytes = staged + staged / 4;
-  }
-  auto* coef_dev = static_cast<uint8_t*>(reserve_device(coef_, coef_bytes + meta_bytes));
-  auto* plane_dev = static_cast<uint8_t*>(reserve_device(planes_, plane_bytes));
-  auto* out_dev = static_cast<uint8_t*>(reserve_device(out_, out_bytes));
-  auto* host = static_cast<uint8_t*>(staging_.p);
+  // The previous batch's copy out of the staging buffer finished before that call returned.
+  auto* host = static_cast<uint8_t*>(staging_.reserve(staged));
+  auto* coef_dev = static_cast<uint8_t*>(coef_.reserve(staged));
+  auto* plane_dev = static_cast<uint8_t*>(planes_.reserve(plane_bytes));
+  auto* out_dev = static_cast<uint8_t*>(out_.reserve(out_bytes));
 
   std::vector<kernels::DeviceJpegImage> images(n);
   std::vector<int64_t> block_start(size_t(n) * 3 + 1, 0);
@@ -76,7 +49,7 @@ std::vector<DeviceJpegDecoder::Decoded> DeviceJpegDecoder::decode(
     im.height = c.height;
     im.out = out_dev + out_at;
     decoded[i] = Decoded{im.out, c.width, c.height, im.components};
-    out_at += align_up(size_t(c.width) * c.height * c.components.size());
+    out_at += align256(size_t(c.width) * c.height * c.components.size());
     for (int k = 0; k < 3; ++k) {
       block_start[size_t(i) * 3 + k] = blocks;
       if (k >= im.components) continue;
@@ -84,12 +57,12 @@ std::vector<DeviceJpegDecoder::Decoded> DeviceJpegDecoder::decode(
       kernels::DeviceJpegComponent& d = im.comp[k];
       std::memcpy(host + at, src.coef.data(), src.coef.size() * 2);
       d.coef = reinterpret_cast<const int16_t*>(coef_dev + at);
-      at += align_up(src.coef.size() * 2);
+      at += align256(src.coef.size() * 2);
       std::memcpy(host + at, src.quant.data(), 64 * 2);
       d.quant = reinterpret_cast<const uint16_t*>(coef_dev + at);
-      at += align_up(64 * 2);
+      at += align256(64 * 2);
       d.plane = plane_dev + plane_at;
-      plane_at += align_up(size_t(src.blocks_w) * src.blocks_h * 64);
+      plane_at += align256(size_t(src.blocks_w) * src.blocks_h * 64);
       d.blocks_w = src.blocks_w;
       d.blocks_h = src.blocks_h;
       d.width = src.width;
@@ -102,7 +75,7 @@ std::vector<DeviceJpegDecoder::Decoded> DeviceJpegDecoder::decode(
   block_start.back() = blocks;
   std::memcpy(host + at, images.data(), sizeof(kernels::DeviceJpegImage) * n);
   const auto* images_dev = reinterpret_cast<const kernels::DeviceJpegImage*>(coef_dev + at);
-  at += align_up(sizeof(kernels::DeviceJpegImage) * n);
+  at += align256(sizeof(kernels::DeviceJpegImage) * n);
   std::memcpy(host + at, block_start.data(), sizeof(int64_t) * block_start.size());
   const auto* starts_dev = reinterpret_cast<const int64_t*>(coef_dev + at);
   at += sizeof(int64_t) * block_start.size();

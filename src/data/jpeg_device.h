@@ -11,13 +11,13 @@
 
 #include "cohort/core/cuda.h"
 #include "cohort/data/jpeg_coefficients.h"
+#include "device_buffer.h"
 
 namespace cohort::data {
 
 class DeviceJpegDecoder {
  public:
   DeviceJpegDecoder() = default;
-  ~DeviceJpegDecoder();
   DeviceJpegDecoder(const DeviceJpegDecoder&) = delete;
   DeviceJpegDecoder& operator=(const DeviceJpegDecoder&) = delete;
 
@@ -30,13 +30,8 @@ class DeviceJpegDecoder {
   std::vector<Decoded> decode(const std::vector<JpegCoefficients>& batch, const cuda::Stream& s);
 
  private:
-  struct Buffer {
-    void* p = nullptr;
-    size_t bytes = 0;
-  };
-  void* reserve_device(Buffer& b, size_t bytes);
-  Buffer staging_;  // pinned host memory
-  Buffer coef_, planes_, out_, meta_;
+  GrowingBuffer staging_{true};  // page-locked host memory
+  GrowingBuffer coef_{false}, planes_{false}, out_{false};
 };
 
 }  // namespace cohort::data

@@ -44,6 +44,7 @@ ImageInfo probe_dicom(std::span<const uint8_t> bytes, const std::string& name);
 // chooses its crop and windows only the crop's rows as it resamples them (`rows`), without
 // parsing or decoding the file twice.
 struct StoredPixels;
+class DeviceDicomWindow;
 class DicomPixels {
  public:
   DicomPixels(std::span<const uint8_t> bytes, const std::string& name);  // `bytes` must outlive it
@@ -57,6 +58,7 @@ class DicomPixels {
   RowSource rows(std::optional<Window> window) const;
 
  private:
+  friend class DeviceDicomWindow;  // windows the stored values on the GPU (dicom_device.h)
   std::unique_ptr<StoredPixels> s_;
 };
 
