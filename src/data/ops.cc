@@ -5,6 +5,9 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/augment_math.h"
+#include "taps.h"
+
 namespace cohort::data {
 
 CropBox random_resized_crop_box(int W, int H, CounterRng& rng, double smin, double smax,
@@ -44,16 +47,7 @@ CropBox resize_center_crop_box(int W, int H, int resize, int crop) {
   return {(W - cw) / 2, (H - ch) / 2, cw, ch};
 }
 
-namespace {
-
-struct Taps {
-  std::vector<int> first;     // first source index per output
-  std::vector<int> count;     // taps per output
-  std::vector<float> weight;  // count[i] weights per output, stride = max taps
-  int stride = 0;
-};
-
-// Triangle-filter taps for resampling [start, start+len) of a line to `out` samples.
+// Triangle-filter taps for resampling [start, start+len) of a line to `out` samples (taps.h).
 Taps make_taps(double start, double len, int src_len, int out) {
   Taps t;
   const double scale = len / out;
@@ -90,6 +84,8 @@ Taps make_taps(double start, double len, int src_len, int out) {
   }
   return t;
 }
+
+namespace {
 
 typedef float v4 __attribute__((vector_size(16)));
 
@@ -271,7 +267,6 @@ void flip_vertical(float* p, int channels, int h, int w) {
 void rotate(float* p, int channels, int h, int w, double degrees, std::vector<float>& scratch) {
   const double a = degrees * 3.14159265358979323846 / 180.0;
   const double ca = std::cos(a), sa = std::sin(a);
-  const double cx = (w - 1) / 2.0, cy = (h - 1) / 2.0;
   const size_t n = static_cast<size_t>(h) * w;
   scratch.resize(n);
   for (int c = 0; c < channels; ++c) {
@@ -280,18 +275,7 @@ void rotate(float* p, int channels, int h, int w, double degrees, std::vector<fl
     const float* src = scratch.data();
     for (int y = 0; y < h; ++y) {
       for (int x = 0; x < w; ++x) {
-        // The source point that lands here: the output point turned back by the angle.
-        const double dx = x - cx, dy = y - cy;
-        const double sx = ca * dx - sa * dy + cx, sy = sa * dx + ca * dy + cy;
-        const int x0 = static_cast<int>(std::floor(sx)), y0 = static_cast<int>(std::floor(sy));
-        const float fx = static_cast<float>(sx - x0), fy = static_cast<float>(sy - y0);
-        auto at = [&](int xx, int yy) {
-          return xx < 0 || yy < 0 || xx >= w || yy >= h ? 0.f
-                                                        : src[static_cast<size_t>(yy) * w + xx];
-        };
-        const float top = at(x0, y0) * (1 - fx) + at(x0 + 1, y0) * fx;
-        const float bottom = at(x0, y0 + 1) * (1 - fx) + at(x0 + 1, y0 + 1) * fx;
-        plane[static_cast<size_t>(y) * w + x] = top * (1 - fy) + bottom * fy;
+        plane[static_cast<size_t>(y) * w + x] = kernels::rotate_point(src, w, h, x, y, ca, sa);
       }
     }
   }
@@ -304,7 +288,7 @@ void brightness_contrast(float* p, int channels, int h, int w, float brightness,
     double mean = 0;
     for (size_t i = 0; i < n; ++i) mean += q[i];
     const float m = static_cast<float>(mean / static_cast<double>(n));
-    for (size_t i = 0; i < n; ++i) q[i] = (q[i] - m) * contrast + m + brightness;
+    for (size_t i = 0; i < n; ++i) q[i] = kernels::contrast_point(q[i], m, contrast, brightness);
   }
 }
 

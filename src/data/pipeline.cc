@@ -16,6 +16,7 @@
 #include "cohort/core/rng.h"
 #include "cohort/data/image.h"
 #include "cohort/data/ops.h"
+#include "kernels/augment_math.h"
 
 namespace fs = std::filesystem;
 
@@ -310,22 +311,23 @@ void Pipeline::run_task(size_t t, Slot& s) {
         float* o = reinterpret_cast<float*>(dst);
         if (opt_.layout == Layout::nchw) {
           o += c * plane;
-          for (size_t i = 0; i < plane; ++i) o[i] = q[i] * a + b;
+          for (size_t i = 0; i < plane; ++i) o[i] = kernels::normalize_point(q[i], a, b);
         } else {
-          for (size_t i = 0; i < plane; ++i) o[i * channels_ + c] = q[i] * a + b;
+          for (size_t i = 0; i < plane; ++i)
+            o[i * channels_ + c] = kernels::normalize_point(q[i], a, b);
         }
       } else if (opt_.out == OutType::bf16) {
         const float a = inv / sd, b = -m / sd;
         uint16_t* o = reinterpret_cast<uint16_t*>(dst);
         for (size_t i = 0; i < plane; ++i) {
           const size_t at = opt_.layout == Layout::nchw ? c * plane + i : i * channels_ + c;
-          o[at] = f32_to_bf16(q[i] * a + b);
+          o[at] = f32_to_bf16(kernels::normalize_point(q[i], a, b));
         }
       } else {
         const float a = inv * 255.f;
         for (size_t i = 0; i < plane; ++i) {
           const size_t o = opt_.layout == Layout::nchw ? c * plane + i : i * channels_ + c;
-          dst[o] = static_cast<uint8_t>(std::clamp(q[i] * a + 0.5f, 0.f, 255.f));
+          dst[o] = kernels::u8_point(q[i], a);
         }
       }
     }
