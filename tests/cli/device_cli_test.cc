@@ -57,9 +57,11 @@ TEST(DeviceCli, AnUnknownDeviceNamesTheChoices) {
 }
 
 // COHORT_BACKEND=nccl without a GPU, with 2 real ranks under cohort launch: rank 0's NCCL unique
-// id reaches rank 1 through the store (both log the same one), then each rank reports in the
-// store whether it has a GPU, and every rank stops with the reason of the one that has none,
-// named, before any enters NCCL, which could then wait for a peer forever.
+// id reaches rank 1 through the store (both log the same one, before either can stop), then each
+// rank reports in the store whether it has a GPU and reads every rank's report, and the ranks
+// stop with the reason of the first that has none, named, before any enters NCCL, which could
+// then wait for a peer forever. (The launcher stops the other rank once one fails: which rank's
+// error is printed first is a race, so the test reads the first.)
 TEST(DeviceCli, NcclBackendAgreesOnItsIdThenNamesTheRankWithoutAGpu) {
   if (cohort::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
   auto r = sh("COHORT_BACKEND=nccl COHORT_LOG=debug COHORT_TIMEOUT=20 timeout 60 " + cohort_bin() +
@@ -76,9 +78,9 @@ TEST(DeviceCli, NcclBackendAgreesOnItsIdThenNamesTheRankWithoutAGpu) {
     ids[rank] = r.out.substr(at + tag.size(), 16);
   }
   EXPECT_EQ(ids[0], ids[1]) << r.out;
-  EXPECT_NE(r.out.find("[rank 0] cohort: error: "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("COHORT_BACKEND=nccl: rank 0 cannot join: its GPU (local rank 0): " +
-                       cohort::cuda::unavailable_reason()),
+  EXPECT_NE(r.out.find("] cohort: error: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("COHORT_BACKEND=nccl: rank 0 cannot join"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("its GPU (local rank 0): " + cohort::cuda::unavailable_reason()),
             std::string::npos)
       << r.out;
 #else

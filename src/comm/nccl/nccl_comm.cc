@@ -23,6 +23,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "cohort/comm/communicator.h"
 #include "cohort/comm/store.h"
@@ -451,8 +452,12 @@ std::shared_ptr<Communicator> make_nccl_communicator(const JobEnv& env, const de
     status = e.message();
   }
   store.set("status/" + me, status);
+  // Every rank's verdict first, then the first failure: each rank reports, and none leaves the
+  // round (or is stopped by its launcher) before all have.
+  std::vector<std::string> verdicts(env.world);
+  for (int r = 0; r < env.world; ++r) verdicts[r] = store.get("status/" + std::to_string(r));
   for (int r = 0; r < env.world; ++r) {
-    const std::string other = store.get("status/" + std::to_string(r));
+    const std::string& other = verdicts[r];
     if (other != "ok") {
       COHORT_THROW_AS(CommError, "COHORT_BACKEND=nccl: rank "
                                      << r << " cannot join"
