@@ -6,6 +6,7 @@
 
 #include "cohort/comm/communicator.h"
 #include "cohort/core/clock.h"
+#include "cohort/core/cuda.h"
 #include "cohort/core/error.h"
 #include "cohort/core/rng.h"
 #include "cohort/data/pipeline.h"
@@ -63,6 +64,7 @@ Run add_bench_data(CLI::App& app) {
         warmup = 0;
     uint64_t seed = 0;
     bool digest = false, fail = false, eval = false, accurate_dct = false;
+    std::string decode = "cpu", augment = "cpu";
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--source", o->source, "ImageFolder or CSV list")->required();
@@ -87,9 +89,20 @@ Run add_bench_data(CLI::App& app) {
   app.add_flag("--eval", o->eval, "Resize + center crop instead of the training augmentations");
   app.add_flag("--accurate-dct", o->accurate_dct,
                "JPEG: libjpeg-turbo's accurate inverse DCT instead of its fast one");
+  app.add_option("--decode", o->decode,
+                 "cpu, or gpu: JPEG's IDCT and colour and DICOM's window on this rank's GPU")
+      ->check(CLI::IsMember({"cpu", "gpu"}));
+  app.add_option("--augment-on", o->augment,
+                 "cpu, or gpu: crop, resize, flips, rotation, jitter, normalisation on the GPU")
+      ->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_option("--json", o->json, "Write the figures as JSON");
   return [o]() -> int {
     comm::JobEnv job = comm::detect_job_env();  // shard by rank when launched with several
+    const bool gpu = o->decode == "gpu" || o->augment == "gpu";
+    if (gpu) {
+      cuda::use_device(job.local_rank, "--decode " + o->decode + " --augment-on " + o->augment +
+                                           " (local rank " + std::to_string(job.local_rank) + ")");
+    }
     data::PipelineOptions po;
     po.batch = o->batch;
     po.workers = o->workers;
@@ -108,6 +121,8 @@ Run add_bench_data(CLI::App& app) {
     if (o->window.size() == 2) po.window = data::Window{o->window[0], o->window[1]};
     po.world = job.world;
     po.rank = job.rank;
+    po.decode = o->decode == "gpu" ? data::Placement::gpu : data::Placement::cpu;
+    po.augment = o->augment == "gpu" ? data::Placement::gpu : data::Placement::cpu;
     data::Pipeline p(data::open_source(o->source), po);
     const int epochs = o->epochs > 0 ? o->epochs : (o->batches > 0 ? 1 << 30 : 1);
     uint64_t total = 0, n_batches = 0, images = 0, timed_images = 0;
@@ -157,6 +172,11 @@ Run add_bench_data(CLI::App& app) {
                 static_cast<unsigned long long>(st.skipped), secs);
     if (o->warmup > 0) std::printf("  (timed after %d warm-up batches)", o->warmup);
     std::printf("\n");
+    std::printf("stages: %s", st.placement.c_str());
+    if (p.on_device() && st.batches) {
+      std::printf("; device stage %.2f ms/batch", 1e3 * st.device_s / st.batches);
+    }
+    std::printf("\n");
     const double per = st.images ? 1e3 / st.images : 0;
     std::printf(
         "ms/image per operator: read %.3f decode %.3f crop+resize %.3f flip+normalize %.3f; "
@@ -180,7 +200,9 @@ Run add_bench_data(CLI::App& app) {
                           {"ms_resize", st.resize_s * per},
                           {"ms_post", st.post_s * per},
                           {"consumer_wait_s", st.consumer_wait_s},
-                          {"mean_queue", st.mean_queue}};
+                          {"mean_queue", st.mean_queue},
+                          {"stages", st.placement},
+                          {"device_s", st.device_s}};
       if (o->digest) {
         char hex[17];
         std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(total));

@@ -14,6 +14,7 @@
 #include "cohort/core/cuda.h"
 #include "cohort/data/ops.h"
 #include "device_buffer.h"
+#include "device_stage.h"
 #include "kernels/augment_kernels.h"
 
 namespace cohort::data {
@@ -21,15 +22,6 @@ namespace cohort::data {
 struct DeviceImage {
   const void* pixels = nullptr;  // device memory, interleaved height x width x channels
   int width = 0, height = 0, channels = 1, bits = 8;
-};
-
-struct AugmentParams {
-  CropBox box;  // in the image's pixels
-  bool hflip = false, vflip = false;
-  double degrees = 0;  // 0: no rotation
-  bool jitter = false;
-  float brightness = 0;  // in the image's value range (the CPU pipeline's b)
-  float contrast = 1;
 };
 
 class DeviceAugment {

@@ -16,6 +16,7 @@
 #include "cohort/core/rng.h"
 #include "cohort/data/image.h"
 #include "cohort/data/ops.h"
+#include "device_stage.h"
 #include "kernels/augment_math.h"
 
 namespace fs = std::filesystem;
@@ -51,7 +52,31 @@ void free_batch(uint8_t* p, bool pinned) {
   std::free(p);
 }
 
+// A training sample's augmentation after its crop, drawn from its random stream in one order
+// whichever device applies it: the flips, the angle (only when rotation is on, so that other runs
+// keep their streams), brightness (in the image's range: `bits`) and contrast.
+AugmentParams draw_augment(CounterRng& rng, const PipelineOptions& o, const CropBox& box,
+                           int bits) {
+  AugmentParams p;
+  p.box = box;
+  if (!o.train) return p;
+  p.hflip = o.hflip && rng.uniform() < 0.5;
+  p.vflip = o.vflip && rng.uniform() < 0.5;
+  if (o.rotation > 0) p.degrees = rng.uniform(-o.rotation, o.rotation);
+  if (o.brightness > 0 || o.contrast > 0) {
+    const float maxv = bits == 16 ? 65535.f : 255.f;
+    p.jitter = true;
+    p.brightness = static_cast<float>(rng.uniform(-o.brightness, o.brightness)) * maxv;
+    p.contrast = static_cast<float>(rng.uniform(1.0 - o.contrast, 1.0 + o.contrast));
+  }
+  return p;
+}
+
 }  // namespace
+
+const char* placement_name(Placement p) {
+  return p == Placement::gpu ? "gpu" : "cpu";
+}
 
 struct Pipeline::Slot {
   uint8_t* data = nullptr;
@@ -63,10 +88,19 @@ struct Pipeline::Slot {
   bool held = false;  // handed to the consumer and not yet released
   int count = 0;
   int done = 0;
+  // The device stage (--decode/--augment-on gpu): the batch in device memory, each sample's
+  // prepared item, and whether the stage has run (a batch is ready once it has).
+  void* device = nullptr;
+  std::vector<std::unique_ptr<DeviceItem>> items;
+  bool staged = false;
   std::vector<size_t> indices;
   std::vector<uint64_t> hashes;
   std::vector<uint8_t> valid;
 };
+
+bool Pipeline::ready(const Slot& s) const {
+  return s.done == s.count && (!device_ || s.staged);
+}
 
 namespace {
 thread_local std::vector<float> t_planes;
@@ -101,6 +135,17 @@ Pipeline::Pipeline(std::shared_ptr<const Source> source, PipelineOptions opt)
     }
   }
   channels_ = opt_.channels == 3 ? 3 : info.channels;
+  if (opt_.decode == Placement::gpu || opt_.augment == Placement::gpu) {
+    COHORT_CHECK(opt_.augment == Placement::gpu,
+                 "--decode gpu needs --augment-on gpu: the images it decodes stay on the device");
+    COHORT_CHECK(!opt_.hash_samples,
+                 "--digest hashes batches in host memory: it needs --decode "
+                 "cpu --augment-on cpu");
+    device_ = make_device_stage(opt_, channels_);
+    stats_.placement = device_->describe();
+  } else {
+    stats_.placement = "decode cpu, augment cpu";
+  }
   const size_t elem = opt_.out == OutType::f32 ? 4 : opt_.out == OutType::bf16 ? 2 : 1;
   sample_bytes_ = static_cast<size_t>(channels_) * opt_.size * opt_.size * elem;
   batch_bytes_ = (sample_bytes_ * opt_.batch + 63) & ~size_t(63);
@@ -110,9 +155,14 @@ Pipeline::Pipeline(std::shared_ptr<const Source> source, PipelineOptions opt)
 
 void Pipeline::add_slot() {
   auto s = std::make_unique<Slot>();
-  s->data = alloc_batch(batch_bytes_, &s->pinned);
-  if (!s->data) COHORT_THROW("cannot allocate " << batch_bytes_ << " bytes for a batch");
-  pinned_ = s->pinned;
+  if (device_) {
+    s->device = device_->alloc_batch(batch_bytes_);
+    s->items.resize(static_cast<size_t>(opt_.batch));
+  } else {
+    s->data = alloc_batch(batch_bytes_, &s->pinned);
+    if (!s->data) COHORT_THROW("cannot allocate " << batch_bytes_ << " bytes for a batch");
+    pinned_ = s->pinned;
+  }
   s->indices.resize(static_cast<size_t>(opt_.batch));
   s->hashes.resize(static_cast<size_t>(opt_.batch));
   s->valid.resize(static_cast<size_t>(opt_.batch));
@@ -122,6 +172,10 @@ void Pipeline::add_slot() {
 
 Pipeline::~Pipeline() {
   stop_workers();
+  if (device_) {
+    for (auto& s : slots_)
+      if (s->device) device_->free_batch(s->device);
+  }
 }
 
 void Pipeline::stop_workers() {
@@ -188,6 +242,7 @@ void Pipeline::worker_loop() {
         s.batch = k;
         s.done = 0;
         s.count = static_cast<int>(std::min(B, order_.size() - k * B));
+        s.staged = false;
         std::fill(s.valid.begin(), s.valid.end(), 0);
       }
       ++inflight_;
@@ -201,17 +256,76 @@ void Pipeline::worker_loop() {
     // The consumer is woken when it has something to act on (a finished batch, an error, or
     // no task in flight for a drain), not after every sample, which cost a context switch per
     // image on the cores the workers decode on (the gain is within bench data's noise on 2 cores).
+    bool complete = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (err && !error_) error_ = err;
+      Slot& s = *slot;
+      if (s.batch == t / B) ++s.done;
+      complete = s.batch == t / B && s.done == s.count;
+    }
+    // The worker that completes a batch runs the device stage on it, still counted in flight (a
+    // new epoch waits for it before reusing the slot).
+    if (complete && device_) {
+      std::exception_ptr stage_err;
+      try {
+        stage_batch(*slot);
+      } catch (...) {
+        stage_err = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stage_err && !error_) error_ = stage_err;
+    }
     bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       --inflight_;
-      if (err && !error_) error_ = err;
-      Slot& s = *slot;
-      if (s.batch == t / B) ++s.done;
-      wake = err || (s.batch == t / B && s.done == s.count) || inflight_ == 0;
+      if (complete) slot->staged = true;
+      wake = err || complete || inflight_ == 0 || error_;
     }
     if (wake) ready_cv_.notify_all();
   }
+}
+
+void Pipeline::stage_batch(Slot& s) {
+  std::vector<DeviceItem*> items;
+  for (int j = 0; j < s.count; ++j)
+    if (s.valid[static_cast<size_t>(j)]) items.push_back(s.items[static_cast<size_t>(j)].get());
+  auto t0 = Clock::now();
+  device_->run(items, s.device);
+  for (auto& it : s.items) it.reset();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.device_s += seconds_since(t0);
+}
+
+// A sample for the device stage: the same draws as the CPU path, and the decoding that stays on
+// the CPU (entropy decoding of a JPEG; all of a PNG; a JPEG or DICOM layout the device declines).
+void Pipeline::prepare_device_item(DeviceItem& item, std::span<const uint8_t> bytes,
+                                   const std::string& name, const ImageInfo& info,
+                                   const CropBox& box, CounterRng& rng) {
+  int bits = 8;
+  if (item.dicom) {
+    if (info.channels == 1 && opt_.decode == Placement::gpu) {
+      item.kind = DeviceItem::Kind::dicom;
+      bits = 16;
+    } else {  // windowed here (--decode cpu), or 8-bit RGB, which has no window to run
+      item.image = item.dicom->window(opt_.window);
+      bits = item.image.bits;
+      item.dicom.reset();
+      item.file.clear();
+    }
+  } else if (info.format == Format::jpeg && opt_.decode == Placement::gpu &&
+             read_jpeg_coefficients(bytes, name, &item.jpeg, nullptr)) {
+    item.kind = DeviceItem::Kind::jpeg;
+  } else {
+    item.image = decode(bytes, name, 8, opt_.idct);
+    bits = item.image.bits;
+  }
+  const int C = item.kind == DeviceItem::Kind::image ? item.image.channels : info.channels;
+  if (C != 1 && C != channels_) {
+    COHORT_THROW_AS(DecodeError, name << " has " << C << " channels, the batch has " << channels_);
+  }
+  item.params = draw_augment(rng, opt_, box, bits);
 }
 
 void Pipeline::run_task(size_t t, Slot& s) {
@@ -228,14 +342,39 @@ void Pipeline::run_task(size_t t, Slot& s) {
     std::span<const uint8_t> bytes = source_->bytes(idx, scratch);
     auto t1 = Clock::now();
     read_s = std::chrono::duration<double>(t1 - t0).count();
-    // A DICOM file is parsed once, for its size and then for the crop's pixels.
+    // A DICOM file is parsed once, for its size and then for the crop's pixels. For the device
+    // stage its bytes are kept with it (the worker's scratch is reused for the next file).
+    std::unique_ptr<DeviceItem> item;
+    if (device_) item = std::make_unique<DeviceItem>();
     std::optional<DicomPixels> dicom;
-    if (sniff(bytes.data(), bytes.size()) == Format::dicom) dicom.emplace(bytes, name);
-    const ImageInfo info = dicom ? dicom->info() : probe(bytes, name);
+    if (sniff(bytes.data(), bytes.size()) == Format::dicom) {
+      if (item) {
+        item->file.assign(bytes.begin(), bytes.end());
+        item->dicom = std::make_unique<DicomPixels>(item->file, name);
+      } else {
+        dicom.emplace(bytes, name);
+      }
+    }
+    const ImageInfo info = item && item->dicom ? item->dicom->info()
+                           : dicom             ? dicom->info()
+                                               : probe(bytes, name);
     CropBox box = opt_.train
                       ? random_resized_crop_box(info.width, info.height, rng, opt_.crop_scale_min,
                                                 1.0, opt_.crop_ratio_min, opt_.crop_ratio_max)
                       : resize_center_crop_box(info.width, info.height, opt_.resize, S);
+    if (device_) {
+      prepare_device_item(*item, bytes, name, info, box, rng);
+      s.items[j] = std::move(item);
+      auto t1d = Clock::now();
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.read_s += read_s;
+      stats_.decode_s += std::chrono::duration<double>(t1d - t1).count();
+      ++stats_.images;
+      s.indices[j] = idx;
+      s.hashes[j] = 0;
+      s.valid[j] = 1;
+      return;
+    }
     // The image the crop is resampled from: a DICOM scan's stored values, windowed row by row
     // as the resampler reads them (only the crop's rows and columns, and no windowed copy of
     // them in memory: 2048 px scans, 4 MB a crop), or a decoded image.
@@ -282,22 +421,14 @@ void Pipeline::run_task(size_t t, Slot& s) {
     }
     auto t3 = Clock::now();
     resize_s = std::chrono::duration<double>(t3 - t2).count();
-    if (opt_.train) {
-      const bool h = opt_.hflip && rng.uniform() < 0.5;
-      const bool v = opt_.vflip && rng.uniform() < 0.5;
-      if (h) flip_horizontal(p, C, S, S);
-      if (v) flip_vertical(p, C, S, S);
-      if (opt_.rotation > 0) {  // drawn only when on: other runs keep their random streams
-        thread_local std::vector<float> scratch;
-        rotate(p, C, S, S, rng.uniform(-opt_.rotation, opt_.rotation), scratch);
-      }
-      if (opt_.brightness > 0 || opt_.contrast > 0) {
-        const float maxv = bits == 16 ? 65535.f : 255.f;
-        float b = static_cast<float>(rng.uniform(-opt_.brightness, opt_.brightness)) * maxv;
-        float k = static_cast<float>(rng.uniform(1.0 - opt_.contrast, 1.0 + opt_.contrast));
-        brightness_contrast(p, C, S, S, b, k);
-      }
+    const AugmentParams a = draw_augment(rng, opt_, box, bits);
+    if (a.hflip) flip_horizontal(p, C, S, S);
+    if (a.vflip) flip_vertical(p, C, S, S);
+    if (a.degrees != 0) {
+      thread_local std::vector<float> scratch;
+      rotate(p, C, S, S, a.degrees, scratch);
     }
+    if (a.jitter) brightness_contrast(p, C, S, S, a.brightness, a.contrast);
     for (int c = C; c < channels_; ++c) std::memcpy(p + c * plane, p, plane * sizeof(float));
     // Normalize (x / max - mean) / std = x * a + b, and write in the batch's layout and type.
     const float inv = 1.f / (bits == 16 ? 65535.f : 255.f);
@@ -392,29 +523,31 @@ std::optional<size_t> Pipeline::acquire(Batch* out) {
     work_cv_.notify_all();
   }
   int ready = 0;
-  for (size_t b = k;
-       b < num_batches_ && batch_slot_[b] && batch_slot_[b]->done == batch_slot_[b]->count; ++b)
+  for (size_t b = k; b < num_batches_ && batch_slot_[b] && this->ready(*batch_slot_[b]); ++b)
     ++ready;
   auto t0 = Clock::now();
-  ready_cv_.wait(lock, [&] {
-    return error_ || stop_ || (batch_slot_[k] && batch_slot_[k]->done == batch_slot_[k]->count);
-  });
+  ready_cv_.wait(
+      lock, [&] { return error_ || stop_ || (batch_slot_[k] && this->ready(*batch_slot_[k])); });
   if (error_) std::rethrow_exception(error_);
   if (stop_) return std::nullopt;
   Slot& s = *batch_slot_[k];
   const double waited = seconds_since(t0);
-  // Skipped samples leave holes: close them up so the batch is dense.
+  // Skipped samples leave holes: close them up so the batch is dense (the device stage wrote
+  // its batch dense already).
   int n = 0;
   for (int j = 0; j < s.count; ++j) {
     if (!s.valid[static_cast<size_t>(j)]) continue;
     if (n != j) {
-      std::memmove(s.data + n * sample_bytes_, s.data + j * sample_bytes_, sample_bytes_);
+      if (!device_) {
+        std::memmove(s.data + n * sample_bytes_, s.data + j * sample_bytes_, sample_bytes_);
+      }
       s.indices[static_cast<size_t>(n)] = s.indices[static_cast<size_t>(j)];
       s.hashes[static_cast<size_t>(n)] = s.hashes[static_cast<size_t>(j)];
     }
     ++n;
   }
-  out->data = s.data;
+  out->data = device_ ? static_cast<const uint8_t*>(s.device) : s.data;
+  out->on_device = device_ != nullptr;
   out->size = n;
   out->channels = channels_;
   out->height = opt_.size;

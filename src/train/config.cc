@@ -287,6 +287,10 @@ const std::vector<ConfigKey>& train_config_keys() {
              &C::precision, {Precision::f32, Precision::bf16, Precision::f16}, precision_name),
       choice("device", "cpu, or cuda: each rank trains on the GPU of its local rank", &C::device,
              {tensor::Device::cpu, tensor::Device::cuda}, tensor::device_name),
+      str("decode", "auto (gpu under --device cuda), cpu or gpu: JPEG and DICOM decoding",
+          &C::decode, {"auto", "cpu", "gpu"}),
+      str("augment-on", "auto (gpu under --device cuda), cpu or gpu: crop, resize, augmentations",
+          &C::augment_on, {"auto", "cpu", "gpu"}),
       num("loss-scale", "f16: initial dynamic loss scale", &C::loss_scale, 1.0f, 1e10f),
       str("resume-policy",
           "A resume off this layout's batches: auto (exact where possible, else repeat), exact, "

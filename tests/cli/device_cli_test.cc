@@ -46,6 +46,33 @@ TEST(DeviceCli, CudaWithoutAGpuIsAClearErrorNamingTheLocalRank) {
   EXPECT_NE(r.out.find(cohort::cuda::unavailable_reason()), std::string::npos) << r.out;
 }
 
+// The input pipeline's GPU stages from the CLI: bench data asks for this rank's GPU and says why
+// there is none; train refuses them on the CPU, naming the flag.
+TEST(DeviceCli, GpuPipelineStagesSayWhyTheyCannotRun) {
+  if (cohort::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
+  TempDir dir;
+  const std::string scans = dir.file("jpg");
+  ASSERT_EQ(sh("timeout 60 " + cohort_bin() + " make-dataset scans --out " + scans +
+               " --count 4 --format jpeg --size 32")
+                .code,
+            0);
+  expect_refused(
+      sh("timeout 60 " + cohort_bin() + " bench data --source " + scans +
+         " --batch 2 --size 16 --decode gpu --augment-on gpu"),
+      "--decode gpu --augment-on gpu (local rank 0): " + cohort::cuda::unavailable_reason());
+  expect_refused(sh("timeout 60 " + cohort_bin() + " train --data " + scans +
+                    " --epochs 1 --batch 2 --image-size 16 --augment-on gpu"),
+                 "--augment-on gpu needs --device cuda");
+  auto bad = sh("timeout 60 " + cohort_bin() + " bench data --source " + scans + " --decode tpu");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("tpu"), std::string::npos) << bad.out;
+  // The CPU stages say where they ran.
+  auto cpu =
+      sh("timeout 60 " + cohort_bin() + " bench data --source " + scans + " --batch 2 --size 16");
+  ASSERT_EQ(cpu.code, 0) << cpu.out;
+  EXPECT_NE(cpu.out.find("stages: decode cpu, augment cpu"), std::string::npos) << cpu.out;
+}
+
 TEST(DeviceCli, AnUnknownDeviceNamesTheChoices) {
   TempDir dir;
   auto r = sh("timeout 60 " + cohort_bin() + " train --data " + dir.file("none") + " --device tpu");

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 
+#include "cohort/core/cuda.h"
 #include "cohort/core/error.h"
 #include "cohort/core/half.h"
 #include "cohort/data/dicom.h"
@@ -510,5 +511,50 @@ TEST(Pipeline, HeldBatchesKeepTheirBytesAndTheSameSamples) {
     EXPECT_EQ(0, std::memcmp(held[i].batch.data, held[i].copy.data(), held[i].copy.size()));
     p.release(held[i].ticket);
   }
+  fs::remove_all(dir);
+}
+
+// --decode/--augment-on gpu: decoding on the device needs the operators there too (its images
+// stay on the device), and either needs this process's GPU; without one (or without the GPU
+// parts) the pipeline refuses at construction with the reason, before any worker starts.
+TEST(Pipeline, GpuStagesNeedEachOtherAndADevice) {
+  if (cohort::cuda::device_chosen()) GTEST_SKIP() << "a GPU is in use";
+  auto dir = make_set("gpu-stages", "jpeg", 4);
+  auto src = open_source(dir);
+  PipelineOptions o;
+  o.batch = 2;
+  o.size = 16;
+  o.decode = Placement::gpu;
+  try {
+    Pipeline p(src, o);
+    FAIL() << "decode on the GPU with the operators on the CPU was accepted";
+  } catch (const cohort::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--decode gpu needs --augment-on gpu"), std::string::npos)
+        << e.what();
+  }
+  o.augment = Placement::gpu;
+  for (Placement decode : {Placement::gpu, Placement::cpu}) {
+    o.decode = decode;
+    try {
+      Pipeline p(src, o);
+      FAIL() << "a GPU stage was accepted without a GPU";
+    } catch (const cohort::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string("--decode ") + placement_name(decode) + " --augment-on gpu: "),
+                std::string::npos)
+          << m;
+      EXPECT_TRUE(m.find(cohort::cuda::unavailable_reason()) != std::string::npos ||
+                  m.find("no CUDA device chosen") != std::string::npos)
+          << m;
+    }
+  }
+  o.decode = o.augment = Placement::cpu;
+  Pipeline p(src, o);  // the CPU stages, as before
+  EXPECT_FALSE(p.on_device());
+  EXPECT_EQ(p.stats().placement, "decode cpu, augment cpu");
+  p.start_epoch(0);
+  Batch b;
+  ASSERT_TRUE(p.next(&b));
+  EXPECT_FALSE(b.on_device);
   fs::remove_all(dir);
 }

@@ -10,10 +10,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cohort/core/rng.h"
 #include "cohort/data/dicom.h"
 #include "cohort/data/image.h"
 #include "cohort/data/sampler.h"
@@ -23,6 +25,12 @@ namespace cohort::data {
 
 enum class Layout { nchw, nhwc };
 enum class OutType { f32, bf16, u8 };
+// Where a stage runs (--decode, --augment-on). On the GPU the batch ends in device memory.
+enum class Placement { cpu, gpu };
+const char* placement_name(Placement p);  // "cpu", "gpu"
+class DeviceStage;
+struct DeviceItem;
+struct CropBox;
 
 struct PipelineOptions {
   int batch = 32;
@@ -50,10 +58,16 @@ struct PipelineOptions {
   int world = 1, rank = 0;
   bool shuffle = true, drop_last = false;
   int sampler_groups = 1;  // ranks of a larger world this rank stands in for (SamplerOptions)
+  // Decoding on the GPU: JPEG's IDCT, upsampling and colour (entropy decoding stays on the CPU),
+  // DICOM's rescale and window; needs augment on the GPU too. The operators after decoding on
+  // the GPU: crop and resize, flips, rotation, brightness and contrast, normalisation. Either
+  // needs this process's CUDA device chosen (cuda::use_device) first. hash_samples is CPU only.
+  Placement decode = Placement::cpu, augment = Placement::cpu;
 };
 
 struct Batch {
   const uint8_t* data = nullptr;  // size x C x H x W (or NHWC), OutType
+  bool on_device = false;         // data is in this process's CUDA device's memory
   int size = 0;                   // samples in this batch (the last may be short)
   int channels = 0, height = 0, width = 0;
   std::vector<int> labels;                   // first label of each sample (-1: none)
@@ -68,6 +82,8 @@ struct PipelineStats {
   double read_s = 0, decode_s = 0, resize_s = 0, post_s = 0;  // summed over workers
   double consumer_wait_s = 0;
   double mean_queue = 0;  // ready batches seen by the consumer, on average
+  double device_s = 0;    // the device stage's batches, summed (host time until each is done)
+  std::string placement;  // where each stage ran: "decode cpu, augment cpu"
 };
 
 class Pipeline {
@@ -93,6 +109,7 @@ class Pipeline {
   size_t batches_per_epoch() const;
   int channels() const { return channels_; }
   bool pinned() const { return pinned_; }  // batch buffers are page-locked (CUDA present)
+  bool on_device() const { return device_ != nullptr; }
 
  private:
   struct Slot;
@@ -101,8 +118,15 @@ class Pipeline {
   void run_task(size_t task, Slot& slot);
   void stop_workers();
 
+  void prepare_device_item(DeviceItem& item, std::span<const uint8_t> bytes,
+                           const std::string& name, const ImageInfo& info, const CropBox& box,
+                           CounterRng& rng);
+  void stage_batch(Slot& s);
+  bool ready(const Slot& s) const;  // its samples done (and, on the device, the batch staged)
+
   std::shared_ptr<const Source> source_;
   PipelineOptions opt_;
+  std::unique_ptr<DeviceStage> device_;  // --decode/--augment-on gpu
   Sampler sampler_;
   int channels_ = 0;
   size_t sample_bytes_ = 0;

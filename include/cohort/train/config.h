@@ -80,6 +80,8 @@ struct TrainConfig {
   Precision precision = Precision::f32;
   // Where the model trains: cpu, or cuda (each rank takes the GPU of its local rank).
   tensor::Device device = tensor::Device::cpu;
+  // Where the input pipeline decodes and augments: auto (the GPU when training on one), cpu or gpu.
+  std::string decode = "auto", augment_on = "auto";
   float loss_scale = 65536;  // f16: the initial dynamic loss scale
   // --resume at a position that is no whole number of this layout's batches (docs/training.md):
   // auto (exact where the layout can run the leftover samples as a shorter first step, else
