@@ -46,8 +46,9 @@ data::PipelineOptions pipeline_options(const TrainConfig& c, bool train, int wor
   auto place = [&](const std::string& v, const char* key) {
     const bool gpu = v == "gpu" || (v == "auto" && c.device == tensor::Device::cuda);
     COHORT_CHECK(!gpu || c.device == tensor::Device::cuda,
-                 "--" << key << " gpu needs --device cuda (the batch would be on a GPU the "
-                                "model is not on)");
+                 "--" << key
+                      << " gpu needs --device cuda (the batch would be on a GPU the "
+                         "model is not on)");
     return gpu ? data::Placement::gpu : data::Placement::cpu;
   };
   po.decode = place(c.decode, "decode");
