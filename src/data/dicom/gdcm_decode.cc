@@ -26,8 +26,8 @@
 #include <sstream>
 #include <streambuf>
 
-#include "cohort/core/settings.h"
 #include "../helper_process.h"
+#include "cohort/core/settings.h"
 
 // Where GDCM decodes by default: the helper executable's path, or "off" (in this process: the
 // fuzz target, whose sanitizers must see GDCM's faults).

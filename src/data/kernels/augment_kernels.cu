@@ -49,8 +49,8 @@ __global__ void rotate_kernel(const DeviceSample* samples, int S, int C, const f
   const int c = blockIdx.y, n = blockIdx.z;
   const DeviceSample& s = samples[n];
   const int64_t base = (int64_t(n) * C + c) * S * S;
-  out[base + i] = s.rotate ? rotate_point(in + base, S, S, i % S, i / S, s.rot_cos, s.rot_sin)
-                           : in[base + i];
+  out[base + i] =
+      s.rotate ? rotate_point(in + base, S, S, i % S, i / S, s.rot_cos, s.rot_sin) : in[base + i];
 }
 
 // One block per plane: a sum in double, then the mean.
@@ -72,8 +72,8 @@ __global__ void means_kernel(const DeviceSample* samples, int S, int C, const fl
 }
 
 __global__ void finish_kernel(const DeviceSample* samples, int S, int C, const float* planes,
-                              const float* means, const float* a, const float* b,
-                              BatchType type, bool nhwc, void* out) {
+                              const float* means, const float* a, const float* b, BatchType type,
+                              bool nhwc, void* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= S * S) return;
   const int c = blockIdx.y, n = blockIdx.z;
@@ -118,7 +118,7 @@ void launch_plane_means(const DeviceSample* samples, int count, int S, int C, co
                         float* means, void* stream) {
   if (count == 0) return;
   means_kernel<<<dim3(C, count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(samples, S, C,
-                                                                                  planes, means);
+                                                                                   planes, means);
   check_launch("plane_means");
 }
 

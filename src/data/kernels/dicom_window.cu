@@ -22,7 +22,7 @@ void launch_dicom_window(const uint8_t* raw, int width, int height, size_t row_b
   constexpr int kThreads = 256;
   const dim3 grid((width + kThreads - 1) / kThreads, height);
   window_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(raw, width, height,
-                                                                         row_bytes, p, lut, out);
+                                                                          row_bytes, p, lut, out);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     COHORT_THROW("CUDA kernel dicom_window failed to launch: " << cudaGetErrorString(e));

@@ -25,7 +25,10 @@ __global__ void idct_kernel(const DeviceJpegImage* images, int count, const int6
   int lo = 0, hi = count * 3;
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (block_start[mid] <= b) lo = mid; else hi = mid;
+    if (block_start[mid] <= b)
+      lo = mid;
+    else
+      hi = mid;
   }
   const DeviceJpegImage& im = images[lo / 3];
   const int c = lo % 3;
