@@ -102,6 +102,18 @@ ncclUniqueId from_hex(const std::string& s) {
   return id;
 }
 
+// The communicator's communicators are non-blocking (so that init cannot hang past the
+// timeout): a call that returns ncclInProgress is done once ncclCommGetAsyncError says so.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (r == ncclInProgress) {
+    if (Clock::now() > deadline) return ncclInProgress;
+    std::this_thread::yield();
+    ncclCommGetAsyncError(comm, &r);
+  }
+  return r;
+}
+
 class NcclComm final : public Communicator {
  public:
   NcclComm(ncclComm_t comm, int rank, int size, int local_rank, int local_size, std::string host,
@@ -125,8 +137,12 @@ class NcclComm final : public Communicator {
     cv_.notify_all();
     watchdog_.join();
     if (!aborted_) {
-      ncclCommFinalize(comm_);
-      ncclCommDestroy(comm_);
+      // Non-blocking: finalising completes in the background; destroy once it has.
+      if (settle(comm_, ncclCommFinalize(comm_), timeout_) == ncclSuccess) {
+        ncclCommDestroy(comm_);
+      } else {
+        ncclCommAbort(comm_);
+      }
     }
     for (cudaEvent_t e : spare_) cudaEventDestroy(e);
   }
@@ -253,8 +269,9 @@ class NcclComm final : public Communicator {
   }
   std::shared_ptr<Communicator> split(int color, int key) override {
     ncclComm_t sub = nullptr;
-    const ncclResult_t r =
+    ncclResult_t r =
         ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr);
+    if (r == ncclInProgress && sub) r = settle(sub, r, timeout_);
     if (r != ncclSuccess) {
       COHORT_THROW_AS(CommError, "rank " << rank_ << ": ncclCommSplit failed: " << nccl_message(r));
     }
@@ -302,8 +319,10 @@ class NcclComm final : public Communicator {
     cudaEventRecord(ready, static_cast<cudaStream_t>(cuda::Stream::compute().handle()));
     cudaStreamWaitEvent(stream_, ready, 0);
     spare_.push_back(ready);
-    const ncclResult_t r = call();
-    if (r != ncclSuccess && r != ncclInProgress) {
+    // A non-blocking communicator may still be enqueueing the call when it returns: the event
+    // that completes its Work is recorded only once it is on the stream.
+    const ncclResult_t r = settle(comm_, call(), timeout_);
+    if (r != ncclSuccess) {
       COHORT_THROW_AS(CommError, "rank " << rank_ << ": NCCL " << what.str()
                                          << " failed at issue: " << nccl_message(r));
     }
