@@ -35,7 +35,7 @@ struct AugmentParams {
 struct DeviceItem {
   enum class Kind { jpeg, dicom, image } kind = Kind::image;
   JpegCoefficients jpeg;               // jpeg: entropy-decoded on the CPU
-  std::vector<uint8_t> file;           // dicom: the file's bytes, which `dicom` reads
+  std::vector<uint8_t> file;           // the file's bytes, read here (dicom reads them later)
   std::unique_ptr<DicomPixels> dicom;  // dicom: its stored values, windowed on the device
   Image image;                         // image: decoded on the CPU (PNG; files the device declines)
   AugmentParams params;

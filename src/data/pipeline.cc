@@ -312,7 +312,6 @@ void Pipeline::prepare_device_item(DeviceItem& item, std::span<const uint8_t> by
       item.image = item.dicom->window(opt_.window);
       bits = item.image.bits;
       item.dicom.reset();
-      item.file.clear();
     }
   } else if (info.format == Format::jpeg && opt_.decode == Placement::gpu &&
              read_jpeg_coefficients(bytes, name, &item.jpeg, nullptr)) {
@@ -326,6 +325,8 @@ void Pipeline::prepare_device_item(DeviceItem& item, std::span<const uint8_t> by
     COHORT_THROW_AS(DecodeError, name << " has " << C << " channels, the batch has " << channels_);
   }
   item.params = draw_augment(rng, opt_, box, bits);
+  // Only a DICOM scan is read from its file's bytes later.
+  if (item.kind != DeviceItem::Kind::dicom) std::vector<uint8_t>().swap(item.file);
 }
 
 void Pipeline::run_task(size_t t, Slot& s) {
@@ -338,19 +339,20 @@ void Pipeline::run_task(size_t t, Slot& s) {
   auto t0 = Clock::now();
   double read_s = 0, decode_s = 0, resize_s = 0, post_s = 0;
   try {
-    thread_local std::vector<uint8_t> scratch;
-    std::span<const uint8_t> bytes = source_->bytes(idx, scratch);
-    auto t1 = Clock::now();
-    read_s = std::chrono::duration<double>(t1 - t0).count();
-    // A DICOM file is parsed once, for its size and then for the crop's pixels. For the device
-    // stage its bytes are kept with it (the worker's scratch is reused for the next file).
+    // For the device stage a file is read into memory its sample keeps (a DICOM scan's stored
+    // values are read from the file's bytes when its batch is staged); a source's own memory
+    // (mapped shards) outlives the pipeline and is used where it lies.
     std::unique_ptr<DeviceItem> item;
     if (device_) item = std::make_unique<DeviceItem>();
+    thread_local std::vector<uint8_t> scratch;
+    std::span<const uint8_t> bytes = source_->bytes(idx, item ? item->file : scratch);
+    auto t1 = Clock::now();
+    read_s = std::chrono::duration<double>(t1 - t0).count();
+    // A DICOM file is parsed once, for its size and then for the crop's pixels.
     std::optional<DicomPixels> dicom;
     if (sniff(bytes.data(), bytes.size()) == Format::dicom) {
       if (item) {
-        item->file.assign(bytes.begin(), bytes.end());
-        item->dicom = std::make_unique<DicomPixels>(item->file, name);
+        item->dicom = std::make_unique<DicomPixels>(bytes, name);
       } else {
         dicom.emplace(bytes, name);
       }
