@@ -3,11 +3,18 @@
 // Label gpu: scripts/gpu-check runs it.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <numeric>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "cohort/comm/communicator.h"
 #include "cohort/core/cuda.h"
+#include "cohort/core/error.h"
 
 namespace {
 
@@ -68,6 +75,29 @@ TEST(NcclGpu, EveryCollectiveAtWorldOne) {
   for (int i = 0; i < 8; ++i) ws.push_back(c->allreduce(a.p, a.p, n, DataType::f32, RedOp::sum));
   for (auto& w : ws) w.wait();
   EXPECT_EQ(a.get(), v);
+}
+
+// The flight recorder keeps NCCL calls too: an aborted communicator dumps its last calls where
+// COHORT_FLIGHT_DIR says, for `cohort doctor`, and later calls fail naming the abort.
+TEST(NcclGpu, AbortDumpsTheFlightRecorder) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::unavailable_reason();
+  const std::string dir = "/tmp/cohort-nccl-flight-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  ::setenv("COHORT_FLIGHT_DIR", dir.c_str(), 1);
+  comm::InitOptions o;
+  o.backend = "nccl";
+  auto c = comm::init(o);
+  ::unsetenv("COHORT_FLIGHT_DIR");
+  DeviceFloats a(1024);
+  c->allreduce(a.p, a.p, 1024, comm::DataType::f32, comm::RedOp::sum).wait();
+  c->abort("the test");
+  std::ifstream f(dir + "/nccl.rank-0.json");
+  ASSERT_TRUE(f) << "no dump in " << dir;
+  std::stringstream text;
+  text << f.rdbuf();
+  EXPECT_NE(text.str().find("allreduce"), std::string::npos) << text.str();
+  EXPECT_THROW(c->barrier().wait(), cohort::CommError);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -25,11 +25,13 @@
 #include <thread>
 #include <vector>
 
+#include "call.h"
 #include "cohort/comm/communicator.h"
 #include "cohort/comm/store.h"
 #include "cohort/core/cuda.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "flight_recorder.h"
 #include "native_comm.h"
 #include "settings.h"
 
@@ -114,11 +116,20 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t r, std::chrono::milliseconds t
   return r;
 }
 
+std::vector<int> iota(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
 class NcclComm final : public Communicator {
  public:
   NcclComm(ncclComm_t comm, int rank, int size, int local_rank, int local_size, std::string host,
-           std::chrono::milliseconds timeout)
-      : comm_(comm),
+           std::chrono::milliseconds timeout, std::optional<std::string> flight_dir)
+      : flight_(std::make_unique<detail::FlightRecorder>("nccl", rank, size, iota(size), host,
+                                                         flight_dir)),
+        flight_dir_(std::move(flight_dir)),
+        comm_(comm),
         rank_(rank),
         size_(size),
         local_rank_(local_rank),
@@ -169,38 +180,38 @@ class NcclComm final : public Communicator {
 
   Work allreduce(const void* send, void* recv, size_t count, DataType t, RedOp op,
                  CollOptions) override {
-    return issue("allreduce", count, [&] {
+    return issue(call_of(detail::Coll::allreduce, count, t, op), "allreduce", count, [&] {
       return ncclAllReduce(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_);
     });
   }
   Work reduce_scatter(const void* send, void* recv, size_t count, DataType t, RedOp op,
                       CollOptions) override {
-    return issue("reduce_scatter", count, [&] {
+    return issue(call_of(detail::Coll::reduce_scatter, count, t, op), "reduce_scatter", count, [&] {
       return ncclReduceScatter(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_);
     });
   }
   Work allgather(const void* send, void* recv, size_t count, DataType t, CollOptions) override {
-    return issue("allgather", count,
+    return issue(call_of(detail::Coll::allgather, count, t), "allgather", count,
                  [&] { return ncclAllGather(send, recv, count, nccl_type(t), comm_, stream_); });
   }
   Work broadcast(const void* send, void* recv, size_t count, DataType t, int root,
                  CollOptions) override {
     check_root(root, "broadcast");
-    return issue("broadcast", count, [&] {
-      return ncclBroadcast(send, recv, count, nccl_type(t), root, comm_, stream_);
-    });
+    return issue(
+        call_of(detail::Coll::broadcast, count, t, RedOp::sum, root), "broadcast", count,
+        [&] { return ncclBroadcast(send, recv, count, nccl_type(t), root, comm_, stream_); });
   }
   Work reduce(const void* send, void* recv, size_t count, DataType t, RedOp op, int root,
               CollOptions) override {
     check_root(root, "reduce");
-    return issue("reduce", count, [&] {
+    return issue(call_of(detail::Coll::reduce, count, t, op, root), "reduce", count, [&] {
       return ncclReduce(send, recv, count, nccl_type(t), nccl_op(op), root, comm_, stream_);
     });
   }
   // alltoall, gather and scatter are grouped sends and receives, as NCCL's documentation has it.
   Work alltoall(const void* send, void* recv, size_t count, DataType t, CollOptions) override {
     const size_t bytes = count * dtype_size(t);
-    return issue("alltoall", count, [&] {
+    return issue(call_of(detail::Coll::alltoall, count, t), "alltoall", count, [&] {
       ncclResult_t r = ncclGroupStart();
       for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
         r = ncclSend(static_cast<const char*>(send) + p * bytes, count, nccl_type(t), p, comm_,
@@ -217,7 +228,7 @@ class NcclComm final : public Communicator {
               CollOptions) override {
     check_root(root, "gather");
     const size_t bytes = count * dtype_size(t);
-    return issue("gather", count, [&] {
+    return issue(call_of(detail::Coll::gather, count, t, RedOp::sum, root), "gather", count, [&] {
       ncclResult_t r = ncclGroupStart();
       if (rank_ == root) {
         for (int p = 0; p < size_ && r == ncclSuccess; ++p)
@@ -233,7 +244,7 @@ class NcclComm final : public Communicator {
                CollOptions) override {
     check_root(root, "scatter");
     const size_t bytes = count * dtype_size(t);
-    return issue("scatter", count, [&] {
+    return issue(call_of(detail::Coll::scatter, count, t, RedOp::sum, root), "scatter", count, [&] {
       ncclResult_t r = ncclGroupStart();
       if (rank_ == root) {
         for (int p = 0; p < size_ && r == ncclSuccess; ++p)
@@ -247,13 +258,13 @@ class NcclComm final : public Communicator {
   }
   Work send(const void* data, size_t count, DataType t, int peer) override {
     check_root(peer, "send");
-    return issue("send", count,
-                 [&] { return ncclSend(data, count, nccl_type(t), peer, comm_, stream_); });
+    return issue(call_of(detail::Coll::sendrecv, count, t, RedOp::sum, 0, peer, true), "send",
+                 count, [&] { return ncclSend(data, count, nccl_type(t), peer, comm_, stream_); });
   }
   Work recv(void* data, size_t count, DataType t, int peer) override {
     check_root(peer, "recv");
-    return issue("recv", count,
-                 [&] { return ncclRecv(data, count, nccl_type(t), peer, comm_, stream_); });
+    return issue(call_of(detail::Coll::sendrecv, count, t, RedOp::sum, 0, peer, false), "recv",
+                 count, [&] { return ncclRecv(data, count, nccl_type(t), peer, comm_, stream_); });
   }
   Work barrier() override {
     // An allreduce of one integer in device memory this communicator keeps.
@@ -263,7 +274,7 @@ class NcclComm final : public Communicator {
       }
       cudaMemsetAsync(barrier_buf_, 0, sizeof(int), stream_);
     }
-    return issue("barrier", 1, [&] {
+    return issue(call_of(detail::Coll::barrier, 1, DataType::i32), "barrier", 1, [&] {
       return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm_, stream_);
     });
   }
@@ -280,7 +291,7 @@ class NcclComm final : public Communicator {
     ncclCommCount(sub, &n);
     ncclCommUserRank(sub, &me);
     return std::make_shared<NcclComm>(sub, me, n, std::min(local_rank_, n - 1),
-                                      std::min(local_size_, n), host_, timeout_);
+                                      std::min(local_size_, n), host_, timeout_, flight_dir_);
   }
   void abort(const std::string& reason) override {
     fail_all(std::make_exception_ptr(
@@ -294,6 +305,7 @@ class NcclComm final : public Communicator {
     cudaEvent_t done;
     Clock::time_point issued;
     std::string what;
+    uint64_t flight_id;
   };
 
   void check_root(int r, const char* what) const {
@@ -302,8 +314,25 @@ class NcclComm final : public Communicator {
     }
   }
 
+  static detail::Call call_of(detail::Coll coll, size_t count, DataType t, RedOp op = RedOp::sum,
+                              int root = 0, int peer = -1, bool is_send = false) {
+    detail::Call c;
+    c.desc.coll = coll;
+    c.desc.dtype = t;
+    c.desc.op = op;
+    c.desc.root = static_cast<uint32_t>(root);
+    c.desc.count = count;
+    c.algo = Algo::direct;
+    c.reason = "COHORT_BACKEND=nccl";
+    c.peer = peer;
+    c.is_send = is_send;
+    return c;
+  }
+
+  // Issues `call` (an NCCL call on the communication stream) as the Work of `c`, which the
+  // flight recorder keeps.
   template <class F>
-  Work issue(const char* name, size_t count, F&& call) {
+  Work issue(detail::Call c, const char* name, size_t count, F&& call) {
     auto w = std::make_shared<WorkState>();
     w->algo = "nccl";
     w->reason = "COHORT_BACKEND=nccl";
@@ -326,9 +355,12 @@ class NcclComm final : public Communicator {
       COHORT_THROW_AS(CommError, "rank " << rank_ << ": NCCL " << what.str()
                                          << " failed at issue: " << nccl_message(r));
     }
+    c.desc.seq = seq_++;
+    const uint64_t id = flight_->queued(c);
+    flight_->started(id);  // enqueued on the stream: NCCL runs it from there
     cudaEvent_t done = event();
     cudaEventRecord(done, stream_);
-    pending_.push_back(Pending{w, done, Clock::now(), what.str()});
+    pending_.push_back(Pending{w, done, Clock::now(), what.str(), id});
     cv_.notify_all();
     return Work(w);
   }
@@ -360,6 +392,13 @@ class NcclComm final : public Communicator {
       }
       failed.swap(pending_);
     }
+    for (Pending& p : failed) flight_->ended(p.flight_id, false);
+    // The calls that never completed, for `cohort doctor` (COHORT_FLIGHT_DIR).
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      flight_->dump(x.what());
+    }
     for (Pending& p : failed) finish(*p.work, e);
   }
 
@@ -376,6 +415,7 @@ class NcclComm final : public Communicator {
         Pending p = std::move(pending_.front());
         pending_.pop_front();
         spare_.push_back(p.done);
+        flight_->ended(p.flight_id, true);
         finish(*p.work, nullptr);
       }
       if (pending_.empty()) continue;
@@ -413,6 +453,9 @@ class NcclComm final : public Communicator {
 
  private:
   std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<detail::FlightRecorder> flight_;
+  std::optional<std::string> flight_dir_;
+  uint32_t seq_ = 0;
   ncclComm_t comm_;
   int rank_, size_, local_rank_, local_size_;
   std::string host_;
@@ -517,7 +560,7 @@ std::shared_ptr<Communicator> make_nccl_communicator(const JobEnv& env, const de
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   auto c = std::make_shared<NcclComm>(comm, env.rank, env.world, env.local_rank, env.local_world,
-                                      host, s.timeout);
+                                      host, s.timeout, s.flight_dir);
   c->keep_alive(std::move(server));
   return c;
 }
