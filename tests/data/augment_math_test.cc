@@ -1,8 +1,7 @@
 // The device operators' arithmetic (src/data/kernels/augment_math.h) on the host against the CPU
 // operators: the crop's resampling from the CPU's taps (up and down, colour and gray), the flips'
-// index maps, and the bf16 rounding of the batch's output. (Rotation, brightness and contrast and
-// the normalisation are the same functions in the CPU operators, which ops and pipeline tests
-// check.)
+// index maps. (Rotation, brightness and contrast, the normalisation and core/half.h's bf16
+// rounding are the same functions in the CPU operators, which ops and pipeline tests check.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -78,35 +77,6 @@ TEST(AugmentMath, FlipsAreIndexMaps) {
       EXPECT_EQ(vf[y * w + x], p[kernels::flipped(y, h, true) * w + x]);
       EXPECT_EQ(p[y * w + x], p[kernels::flipped(y, h, false) * w + kernels::flipped(x, w, false)]);
     }
-}
-
-TEST(AugmentMath, Bf16RoundingIsTheHostsToTheBit) {
-  std::vector<float> values = {0.f,
-                               -0.f,
-                               1.f,
-                               -1.f,
-                               3.14159265f,
-                               1e-40f,
-                               -1e-40f,
-                               65504.f,
-                               std::numeric_limits<float>::infinity(),
-                               -std::numeric_limits<float>::infinity(),
-                               std::numeric_limits<float>::quiet_NaN(),
-                               std::numeric_limits<float>::max()};
-  // Ties: the 16 bits dropped exactly half, with an even and an odd kept part.
-  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x7f7f8000u, 0x00008000u}) {
-    float f;
-    std::memcpy(&f, &bits, 4);
-    values.push_back(f);
-  }
-  uint32_t s = 12345;
-  for (int i = 0; i < 100000; ++i) {
-    s = s * 1664525u + 1013904223u;
-    float f;
-    std::memcpy(&f, &s, 4);
-    values.push_back(f);
-  }
-  for (float f : values) ASSERT_EQ(kernels::bf16_bits(f), cohort::f32_to_bf16(f)) << f;
 }
 
 }  // namespace

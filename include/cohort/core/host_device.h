@@ -5,6 +5,9 @@
 
 #if defined(__CUDACC__)
 #define COHORT_HD __host__ __device__ __forceinline__
+#define COHORT_HD_STATIC static __host__ __device__ __forceinline__
 #else
 #define COHORT_HD inline
+// For headers included by files compiled for other instruction sets (-mavx2): a copy per file.
+#define COHORT_HD_STATIC static inline
 #endif

@@ -3,6 +3,7 @@
 
 #include "augment_kernels.h"
 #include "cohort/core/error.h"
+#include "cohort/core/half.h"
 
 namespace cohort::data::kernels {
 
@@ -86,7 +87,7 @@ __global__ void finish_kernel(const DeviceSample* samples, int S, int C, const f
   if (type == BatchType::f32) {
     static_cast<float*>(out)[at] = normalize_point(v, a[c], b[c]);
   } else if (type == BatchType::bf16) {
-    static_cast<uint16_t*>(out)[at] = bf16_bits(normalize_point(v, a[c], b[c]));
+    static_cast<uint16_t*>(out)[at] = f32_to_bf16(normalize_point(v, a[c], b[c]));
   } else {
     static_cast<uint8_t*>(out)[at] = u8_point(v, a[c]);
   }

@@ -3,7 +3,8 @@
 // the flips as index maps, the rotation's bilinear sample, brightness and contrast, and the
 // normalisation into the batch's type. The CPU operators (src/data/ops.cc, the pipeline's
 // normalisation) call the same functions where they do the same thing element by element, and
-// tests/data/augment_math_test.cc runs the rest against them on the host.
+// tests/data/augment_math_test.cc runs the rest against them on the host. bf16 output rounds
+// with core/half.h's f32_to_bf16, on either device.
 #pragma once
 
 #include <cmath>
@@ -79,15 +80,6 @@ COHORT_HD float normalize_point(float v, float a, float b) {
 COHORT_HD uint8_t u8_point(float v, float a) {
   const float r = v * a + 0.5f;
   return static_cast<uint8_t>(r < 0.f ? 0.f : (r > 255.f ? 255.f : r));
-}
-
-// f32 to bf16, rounded to nearest even, NaN kept a NaN: core/half.h's f32_to_bf16.
-COHORT_HD uint16_t bf16_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
 }
 
 }  // namespace cohort::data::kernels
