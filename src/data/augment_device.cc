@@ -18,7 +18,8 @@ DeviceAugment::DeviceAugment(int size, int channels, std::vector<float> mean,
       std_(std::move(std)),
       type_(type),
       nhwc_(nhwc) {
-  COHORT_CHECK(size > 0 && channels > 0 && !mean_.empty() && !std_.empty(),
+  COHORT_CHECK(size > 0 && channels > 0 && channels <= kernels::DeviceSample::kMaxChannels &&
+                   !mean_.empty() && !std_.empty(),
                "DeviceAugment: size " << size << ", " << channels << " channels, " << mean_.size()
                                       << " means, " << std_.size() << " stds");
 }
@@ -45,8 +46,7 @@ void DeviceAugment::run(const std::vector<DeviceImage>& images,
       taps_bytes += align256(t->first.size() * 4) * 2 + align256(t->weight.size() * 4);
   }
   const size_t desc_bytes = align256(sizeof(kernels::DeviceSample) * n);
-  const size_t ab_bytes = align256(sizeof(float) * C) * 2;
-  const size_t staged = desc_bytes + ab_bytes + taps_bytes;
+  const size_t staged = desc_bytes + taps_bytes;
   // The previous batch's copy out of the staging buffer must be done before it is written.
   s.synchronize();
   auto* host = static_cast<uint8_t*>(staging_.reserve(staged));
@@ -61,7 +61,7 @@ void DeviceAugment::run(const std::vector<DeviceImage>& images,
   auto* turned = any_rotation ? static_cast<float*>(turned_.reserve(plane_bytes)) : planes;
   auto* means = static_cast<float*>(means_.reserve(sizeof(float) * size_t(n) * C + 4));
 
-  size_t at = desc_bytes + ab_bytes;
+  size_t at = desc_bytes;
   auto put = [&](const void* src, size_t bytes) {
     std::memcpy(host + at, src, bytes);
     const uint8_t* d = dev + at;
@@ -93,30 +93,22 @@ void DeviceAugment::run(const std::vector<DeviceImage>& images,
     d.jitter = p.jitter;
     d.brightness = p.brightness;
     d.contrast = p.contrast;
+    // (x / max - mean) / std = x * a + b, with max the sample's range, as the CPU pipeline has it.
+    const float inv = 1.f / (im.bits == 16 ? 65535.f : 255.f);
+    for (int c = 0; c < C; ++c) {
+      const float m = mean_[std::min<size_t>(c, mean_.size() - 1)];
+      const float sd = std_[std::min<size_t>(c, std_.size() - 1)];
+      d.a[c] = type_ == kernels::BatchType::u8 ? inv * 255.f : inv / sd;
+      d.b[c] = type_ == kernels::BatchType::u8 ? 0.f : -m / sd;
+    }
   }
   std::memcpy(host, desc.data(), sizeof(kernels::DeviceSample) * n);
-  // Normalisation per channel; the scale is the images' range (the batch's first image's bits:
-  // a batch comes from one data set).
-  const float inv = 1.f / (n > 0 && images[0].bits == 16 ? 65535.f : 255.f);
-  std::vector<float> a(C), b(C);
-  for (int c = 0; c < C; ++c) {
-    const float m = mean_[std::min<size_t>(c, mean_.size() - 1)];
-    const float sd = std_[std::min<size_t>(c, std_.size() - 1)];
-    a[c] = type_ == kernels::BatchType::u8 ? inv * 255.f : inv / sd;
-    b[c] = type_ == kernels::BatchType::u8 ? 0.f : -m / sd;
-  }
-  std::memcpy(host + desc_bytes, a.data(), sizeof(float) * C);
-  std::memcpy(host + desc_bytes + align256(sizeof(float) * C), b.data(), sizeof(float) * C);
   cuda::copy_to_device(dev, host, at, s);
   const auto* samples = reinterpret_cast<const kernels::DeviceSample*>(dev);
-  const auto* a_dev = reinterpret_cast<const float*>(dev + desc_bytes);
-  const auto* b_dev =
-      reinterpret_cast<const float*>(dev + desc_bytes + align256(sizeof(float) * C));
   kernels::launch_resample(samples, n, S, C, planes, s.handle());
   if (any_rotation) kernels::launch_rotate(samples, n, S, C, planes, turned, s.handle());
   if (any_jitter) kernels::launch_plane_means(samples, n, S, C, turned, means, s.handle());
-  kernels::launch_finish(samples, n, S, C, turned, means, a_dev, b_dev, type_, nhwc_, out,
-                         s.handle());
+  kernels::launch_finish(samples, n, S, C, turned, means, type_, nhwc_, out, s.handle());
   cuda::Event copied;
   copied.record(s);
   copied.synchronize();

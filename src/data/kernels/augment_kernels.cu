@@ -73,8 +73,7 @@ __global__ void means_kernel(const DeviceSample* samples, int S, int C, const fl
 }
 
 __global__ void finish_kernel(const DeviceSample* samples, int S, int C, const float* planes,
-                              const float* means, const float* a, const float* b, BatchType type,
-                              bool nhwc, void* out) {
+                              const float* means, BatchType type, bool nhwc, void* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= S * S) return;
   const int c = blockIdx.y, n = blockIdx.z;
@@ -85,11 +84,11 @@ __global__ void finish_kernel(const DeviceSample* samples, int S, int C, const f
   if (s.jitter) v = contrast_point(v, means[n * C + sc], s.contrast, s.brightness);
   const int64_t at = nhwc ? (int64_t(n) * S * S + i) * C + c : ((int64_t(n) * C + c) * S) * S + i;
   if (type == BatchType::f32) {
-    static_cast<float*>(out)[at] = normalize_point(v, a[c], b[c]);
+    static_cast<float*>(out)[at] = normalize_point(v, s.a[c], s.b[c]);
   } else if (type == BatchType::bf16) {
-    static_cast<uint16_t*>(out)[at] = f32_to_bf16(normalize_point(v, a[c], b[c]));
+    static_cast<uint16_t*>(out)[at] = f32_to_bf16(normalize_point(v, s.a[c], s.b[c]));
   } else {
-    static_cast<uint8_t*>(out)[at] = u8_point(v, a[c]);
+    static_cast<uint8_t*>(out)[at] = u8_point(v, s.a[c]);
   }
 }
 
@@ -124,11 +123,10 @@ void launch_plane_means(const DeviceSample* samples, int count, int S, int C, co
 }
 
 void launch_finish(const DeviceSample* samples, int count, int S, int C, const float* planes,
-                   const float* means, const float* a, const float* b, BatchType type, bool nhwc,
-                   void* out, void* stream) {
+                   const float* means, BatchType type, bool nhwc, void* out, void* stream) {
   if (count == 0) return;
   finish_kernel<<<grid_for(S, C, count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      samples, S, C, planes, means, a, b, type, nhwc, out);
+      samples, S, C, planes, means, type, nhwc, out);
   check_launch("finish");
 }
 

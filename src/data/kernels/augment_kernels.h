@@ -19,6 +19,10 @@ struct DeviceSample {
   double rot_cos = 1, rot_sin = 0;
   bool jitter = false;  // brightness and contrast
   float brightness = 0, contrast = 1;
+  // The normalisation per batch channel, for this sample's value range (8 or 16 bits), as the
+  // CPU pipeline computes it: v * a + b (u8: v * a).
+  static constexpr int kMaxChannels = 4;
+  float a[kMaxChannels] = {}, b[kMaxChannels] = {};
 };
 
 enum class BatchType : uint8_t { f32, bf16, u8 };
@@ -32,10 +36,9 @@ void launch_rotate(const DeviceSample* samples, int count, int S, int C, const f
 // means[n * C + c]: the mean of each plane, for the samples that jitter.
 void launch_plane_means(const DeviceSample* samples, int count, int S, int C, const float* planes,
                         float* means, void* stream);
-// The batch: brightness and contrast where drawn, then v * a[c] + b[c] (f32, bf16) or v * a[c]
-// to 0..255 (u8), in NCHW or NHWC.
+// The batch: brightness and contrast where drawn, then each sample's v * a[c] + b[c] (f32,
+// bf16) or v * a[c] to 0..255 (u8), in NCHW or NHWC.
 void launch_finish(const DeviceSample* samples, int count, int S, int C, const float* planes,
-                   const float* means, const float* a, const float* b, BatchType type, bool nhwc,
-                   void* out, void* stream);
+                   const float* means, BatchType type, bool nhwc, void* out, void* stream);
 
 }  // namespace cohort::data::kernels
