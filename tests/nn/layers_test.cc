@@ -139,6 +139,44 @@ struct Harness {
   Model model;
 };
 
+// A layer's boundary checks devices: an input on another device than the layer's weight is an
+// error naming both, and these layers, which run on the CPU, refuse device memory (memory wrapped
+// as cuda's, never read: the checks come first) rather than read it.
+TEST(Layers, DeviceMismatchesAreNamedAtTheBoundary) {
+  std::vector<float> mem(2 * 4 * 6 * 6, 1.0f);
+  auto on_cuda = [&](const Shape& s) {
+    return constant(
+        Tensor::wrap(mem.data(), s, DType::f32, tensor::Order::contiguous, tensor::Device::cuda));
+  };
+  auto error_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const cohort::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto conv = std::make_unique<Conv2d>(Conv2dOptions{4, 8, 3, 1, 1});
+  Conv2d* c = conv.get();
+  Harness h(std::move(conv));
+  std::string e = error_of([&] { c->forward(on_cuda({2, 4, 6, 6})); });
+  EXPECT_NE(e.find("Conv2d: the input is on cuda and the weight on cpu"), std::string::npos) << e;
+  auto lin = std::make_unique<Linear>(4, 3);
+  Linear* l = lin.get();
+  Harness hl(std::move(lin));
+  e = error_of([&] { l->forward(on_cuda({2, 4})); });
+  EXPECT_NE(e.find("Linear: the input is on cuda and the weight on cpu"), std::string::npos) << e;
+  e = error_of([&] { relu(on_cuda({2, 4})); });
+  EXPECT_NE(e.find("relu runs on the CPU"), std::string::npos) << e;
+  e = error_of([&] { add(on_cuda({2, 4}), constant(Tensor::zeros({2, 4}))); });
+  EXPECT_NE(e.find("add: the first operand is on cuda and the second operand on cpu"),
+            std::string::npos)
+      << e;
+  e = error_of([&] { cross_entropy(on_cuda({2, 4}), {0, 1}); });
+  EXPECT_NE(e.find("cross_entropy runs on the CPU"), std::string::npos) << e;
+  EXPECT_EQ(mem[0], 1.0f);
+}
+
 TEST(Conv2d, ForwardMatchesNaive) {
   for (int groups : {1, 2}) {
     Conv2dOptions o{4, 6, 3, 2, 1, 2, groups, true};

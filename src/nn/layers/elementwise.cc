@@ -12,6 +12,7 @@ using namespace layer_impl;
 Var relu(const Var& x) {
   profile::Scope prof("relu.fwd");
   const Tensor& xv = x->value;
+  check_device("relu", xv);
   COHORT_CHECK(xv.is_dense() && xv.dtype() == DType::f32, "relu needs a dense f32 tensor");
   Tensor y = Tensor::empty(xv.shape(), DType::f32, xv.order());
   const float* s = xv.data<float>();
@@ -47,6 +48,8 @@ namespace {
 Var add_impl(const Var& a, const Var& b, bool then_relu) {
   profile::Scope prof("add.fwd");
   Tensor av = a->value, bv = b->value;
+  tensor::require_same_device("add", "first operand", av, "second operand", bv);
+  check_device("add", av);
   COHORT_CHECK(av.shape() == bv.shape(), "add: " << tensor::shape_string(av.shape()) << " + "
                                                  << tensor::shape_string(bv.shape()));
   if (av.dim() == 4) {

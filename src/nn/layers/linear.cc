@@ -27,6 +27,7 @@ Var Linear::forward(const Var& x_in) {
   profile::Scope prof("linear.fwd");
   need_value(*w_);
   if (b_) need_value(*b_);
+  check_device("Linear", x_in->value, &w_->value);
   Tensor x = x_in->value.contiguous();
   COHORT_CHECK(x.dim() == 2 && x.size(1) == in_,
                "Linear expects [N, " << in_ << "], got " << tensor::shape_string(x.shape()));

@@ -11,6 +11,7 @@ using namespace layer_impl;
 
 Var cross_entropy(const Var& logits, const std::vector<int>& labels, float smoothing) {
   profile::Scope prof("loss");
+  check_device("cross_entropy", logits->value);
   Tensor z = logits->value.contiguous();
   COHORT_CHECK(z.dim() == 2,
                "cross_entropy needs [N, K] logits, got " << tensor::shape_string(z.shape()));
@@ -59,6 +60,8 @@ Var cross_entropy(const Var& logits, const std::vector<int>& labels, float smoot
 
 Var bce_with_logits(const Var& logits, const Tensor& targets) {
   profile::Scope prof("loss");
+  tensor::require_same_device("bce_with_logits", "logits", logits->value, "targets", targets);
+  check_device("bce_with_logits", logits->value);
   Tensor z = logits->value.contiguous();
   Tensor t = targets.contiguous();
   COHORT_CHECK(z.shape() == t.shape(), "bce_with_logits: logits "

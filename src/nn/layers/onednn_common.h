@@ -27,8 +27,17 @@ inline constexpr auto kF32 = memory::data_type::f32;
 inline std::atomic<uint64_t> g_macs{0};           // forward_macs()
 inline thread_local bool g_frozen_stats = false;  // FrozenBatchNormStatistics
 
+// A layer's boundary: its input on its parameters' device (an error naming both), and, as these
+// layers run on the CPU (oneDNN and host loops), in host memory (the GPU layers are issue 36's).
+inline void check_device(const char* layer, const Tensor& x, const Tensor* weight = nullptr) {
+  if (weight && weight->defined())
+    tensor::require_same_device(layer, "input", x, "weight", *weight);
+  tensor::require_host(x, layer);
+}
+
 inline Tensor as_channels_last(const Var& x, const char* layer, int channels) {
   const Tensor& t = x->value;
+  check_device(layer, t);
   COHORT_CHECK(t.dim() == 4,
                layer << " needs a 4-d [N, C, H, W] input, got " << tensor::shape_string(t.shape()));
   COHORT_CHECK(channels <= 0 || t.size(1) == channels,
