@@ -1,7 +1,8 @@
 // --device as a user meets it on a machine without a GPU: `cohort train` and `cohort bench
 // train` stop with a clear error that says why (no device, or no GPU parts in the build), never a
 // crash; and, where CUDA is built, the CPU-only link of the same CLI (cohort-cpu-only) holds
-// nothing of CUDA's and trains on the CPU.
+// nothing of CUDA's and trains on the CPU. The commands run with CUDA_VISIBLE_DEVICES empty, so
+// that a machine with a GPU shows them the same machine without one.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -16,6 +17,18 @@ using cohort::testing::cohort_bin;
 using cohort::testing::sh;
 using cohort::testing::TempDir;
 
+// Runs `cmd` with every GPU hidden.
+cohort::testing::ShellResult sh_without_gpu(const std::string& cmd) {
+  return sh("CUDA_VISIBLE_DEVICES= " + cmd);
+}
+
+// What the runtime says when it finds no device: CUDA's reason, or that the build has no GPU
+// parts.
+std::string no_gpu_reason() {
+  return cohort::cuda::built() ? "no CUDA device is usable on this machine"
+                               : "this build of Cohort has no GPU parts";
+}
+
 // A clean refusal: exit status 1 with Cohort's error, not a signal or an abort.
 void expect_refused(const cohort::testing::ShellResult& r, const std::string& says) {
   EXPECT_EQ(r.code, 1) << r.out;
@@ -25,41 +38,42 @@ void expect_refused(const cohort::testing::ShellResult& r, const std::string& sa
 }
 
 TEST(DeviceCli, CudaWithoutAGpuIsAClearErrorNamingTheLocalRank) {
-  if (cohort::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
   TempDir dir;
   const std::string data = dir.file("none");
   // Single process: GPU 0.
-  expect_refused(sh("timeout 60 " + cohort_bin() + " train --data " + data + " --device cuda"),
-                 "--device cuda (local rank 0, from one process): ");
+  expect_refused(
+      sh_without_gpu("timeout 60 " + cohort_bin() + " train --data " + data + " --device cuda"),
+      "--device cuda (local rank 0, from one process): ");
   // Under torchrun's variables: LOCAL_RANK's GPU.
-  expect_refused(sh("RANK=0 WORLD_SIZE=1 LOCAL_RANK=1 timeout 60 " + cohort_bin() +
-                    " bench train --model resnet18 --batch 2 --image-size 32 --steps 1 "
-                    "--device cuda"),
+  expect_refused(sh_without_gpu("RANK=0 WORLD_SIZE=1 LOCAL_RANK=1 timeout 60 " + cohort_bin() +
+                                " bench train --model resnet18 --batch 2 --image-size 32 --steps 1 "
+                                "--device cuda"),
                  "--device cuda (local rank 1, from LOCAL_RANK): ");
   // From a config file, as from the flag.
   const std::string cfg = dir.file("run.toml");
   ASSERT_EQ(sh("printf 'data = \"" + data + "\"\\ndevice = \"cuda\"\\n' > " + cfg).code, 0);
-  expect_refused(sh("timeout 60 " + cohort_bin() + " train --config " + cfg),
+  expect_refused(sh_without_gpu("timeout 60 " + cohort_bin() + " train --config " + cfg),
                  "--device cuda (local rank 0, from one process): ");
   // The reason is the runtime's own sentence.
-  auto r = sh("timeout 60 " + cohort_bin() + " train --data " + data + " --device cuda");
-  EXPECT_NE(r.out.find(cohort::cuda::unavailable_reason()), std::string::npos) << r.out;
+  auto r =
+      sh_without_gpu("timeout 60 " + cohort_bin() + " train --data " + data + " --device cuda");
+  EXPECT_NE(r.out.find("--device cuda (local rank 0, from one process): " + no_gpu_reason()),
+            std::string::npos)
+      << r.out;
 }
 
 // The input pipeline's GPU stages from the CLI: bench data asks for this rank's GPU and says why
 // there is none; train refuses them on the CPU, naming the flag.
 TEST(DeviceCli, GpuPipelineStagesSayWhyTheyCannotRun) {
-  if (cohort::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
   TempDir dir;
   const std::string scans = dir.file("jpg");
   ASSERT_EQ(sh("timeout 60 " + cohort_bin() + " make-dataset scans --out " + scans +
                " --count 4 --format jpeg --size 32")
                 .code,
             0);
-  expect_refused(
-      sh("timeout 60 " + cohort_bin() + " bench data --source " + scans +
-         " --batch 2 --size 16 --decode gpu --augment-on gpu"),
-      "--decode gpu --augment-on gpu (local rank 0): " + cohort::cuda::unavailable_reason());
+  expect_refused(sh_without_gpu("timeout 60 " + cohort_bin() + " bench data --source " + scans +
+                                " --batch 2 --size 16 --decode gpu --augment-on gpu"),
+                 "--decode gpu --augment-on gpu (local rank 0): " + no_gpu_reason());
   expect_refused(sh("timeout 60 " + cohort_bin() + " train --data " + scans +
                     " --epochs 1 --batch 2 --image-size 16 --augment-on gpu"),
                  "--augment-on gpu needs --device cuda");
@@ -90,9 +104,9 @@ TEST(DeviceCli, AnUnknownDeviceNamesTheChoices) {
 // then wait for a peer forever. (The launcher stops the other rank once one fails: which rank's
 // error is printed first is a race, so the test reads the first.)
 TEST(DeviceCli, NcclBackendAgreesOnItsIdThenNamesTheRankWithoutAGpu) {
-  if (cohort::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
-  auto r = sh("COHORT_BACKEND=nccl COHORT_LOG=debug COHORT_TIMEOUT=20 timeout 60 " + cohort_bin() +
-              " launch --nproc-per-node 2 -- " + cohort_bin() + " bench comm");
+  auto r = sh_without_gpu("COHORT_BACKEND=nccl COHORT_LOG=debug COHORT_TIMEOUT=20 timeout 60 " +
+                          cohort_bin() + " launch --nproc-per-node 2 -- " + cohort_bin() +
+                          " bench comm");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_LT(r.seconds, 20) << r.out;
 #ifdef COHORT_CUDA_BUILT
@@ -107,9 +121,7 @@ TEST(DeviceCli, NcclBackendAgreesOnItsIdThenNamesTheRankWithoutAGpu) {
   EXPECT_EQ(ids[0], ids[1]) << r.out;
   EXPECT_NE(r.out.find("] cohort: error: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("COHORT_BACKEND=nccl: rank 0 cannot join"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("its GPU (local rank 0): " + cohort::cuda::unavailable_reason()),
-            std::string::npos)
-      << r.out;
+  EXPECT_NE(r.out.find("its GPU (local rank 0): " + no_gpu_reason()), std::string::npos) << r.out;
 #else
   EXPECT_NE(r.out.find("COHORT_BACKEND=nccl: rank 0: this build of Cohort has no NCCL"),
             std::string::npos)
@@ -132,6 +144,7 @@ TEST(DeviceCli, TheCpuOnlyBuildLinksNothingOfCudaAndTrains) {
   auto ldd = sh("ldd " + cpu_only);
   ASSERT_EQ(ldd.code, 0) << ldd.out;
   EXPECT_EQ(ldd.out.find("libcud"), std::string::npos) << ldd.out;
+  EXPECT_EQ(ldd.out.find("libnccl"), std::string::npos) << ldd.out;
 
   TempDir dir;
   expect_refused(

@@ -15,6 +15,7 @@
 #include "cohort/comm/communicator.h"
 #include "cohort/core/cuda.h"
 #include "cohort/core/error.h"
+#include "testing/gpu.h"
 
 namespace {
 
@@ -41,7 +42,7 @@ struct DeviceFloats {
 };
 
 TEST(NcclGpu, EveryCollectiveAtWorldOne) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::unavailable_reason();
+  COHORT_REQUIRE_GPU();
   comm::InitOptions o;
   o.backend = "nccl";
   auto c = comm::init(o);
@@ -80,7 +81,7 @@ TEST(NcclGpu, EveryCollectiveAtWorldOne) {
 // The flight recorder keeps NCCL calls too: an aborted communicator dumps its last calls where
 // COHORT_FLIGHT_DIR says, for `cohort doctor`, and later calls fail naming the abort.
 TEST(NcclGpu, AbortDumpsTheFlightRecorder) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::unavailable_reason();
+  COHORT_REQUIRE_GPU();
   const std::string dir = "/tmp/cohort-nccl-flight-" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   ::setenv("COHORT_FLIGHT_DIR", dir.c_str(), 1);

@@ -10,6 +10,7 @@
 #include "cohort/core/half.h"
 #include "reduce/device_reduce.h"
 #include "reduce/reduce.h"
+#include "testing/gpu.h"
 
 namespace {
 
@@ -18,8 +19,7 @@ using cohort::comm::RedOp;
 namespace cuda = cohort::cuda;
 
 TEST(ReduceGpu, KernelsEqualTheCpuKernels) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::unavailable_reason();
-  if (!cuda::device_chosen()) cuda::use_device(0, "the test");
+  COHORT_REQUIRE_GPU();
   const cuda::Stream s = cuda::Stream::compute();
   const size_t n = (1 << 20) + 7;
   for (DataType t : cohort::comm::kAllDataTypes) {

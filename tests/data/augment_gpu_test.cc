@@ -11,6 +11,7 @@
 #include "cohort/core/cuda.h"
 #include "cohort/core/half.h"
 #include "cohort/data/ops.h"
+#include "testing/gpu.h"
 
 namespace {
 
@@ -61,8 +62,7 @@ std::vector<float> cpu_sample(const Image& img, const AugmentParams& p, int S, i
 }
 
 TEST(AugmentGpu, TheBatchIsTheCpuPipelinesWithinTolerance) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::unavailable_reason();
-  if (!cuda::device_chosen()) cuda::use_device(0, "the test");
+  COHORT_REQUIRE_GPU();
   const int S = 96, C = 3;
   const std::vector<float> mean = {0.485f, 0.456f, 0.406f}, sd = {0.229f, 0.224f, 0.225f};
   const std::vector<Image> images = {source(300, 200, 3, 8), source(256, 256, 1, 16),

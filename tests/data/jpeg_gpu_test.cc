@@ -9,6 +9,7 @@
 
 #include "../../src/data/jpeg_device.h"
 #include "cohort/core/cuda.h"
+#include "testing/gpu.h"
 
 namespace {
 
@@ -30,8 +31,7 @@ std::vector<uint8_t> make_jpeg(int w, int h, int sub, int quality) {
 }
 
 TEST(JpegGpu, ABatchDecodesToLibjpegTurbosPixels) {
-  if (cohort::cuda::device_count() == 0) GTEST_SKIP() << cohort::cuda::unavailable_reason();
-  if (!cohort::cuda::device_chosen()) cohort::cuda::use_device(0, "the test");
+  COHORT_REQUIRE_GPU();
   std::vector<std::vector<uint8_t>> files;
   for (int sub : {TJSAMP_420, TJSAMP_422, TJSAMP_444, TJSAMP_GRAY})
     for (auto [w, h] : {std::pair{500, 375}, std::pair{37, 29}, std::pair{224, 224}})

@@ -11,9 +11,8 @@
 #include "../../src/nn/cuda/conv_cudnn.h"
 #include "cohort/core/cuda.h"
 #include "cohort/core/error.h"
-#include "cohort/core/half.h"
-#include "cohort/core/rng.h"
 #include "cohort/tensor/device_allocator.h"
+#include "testing/gpu.h"
 
 namespace {
 
@@ -28,37 +27,12 @@ using cohort::tensor::Tensor;
 
 class ConvGpu : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (cohort::cuda::device_count() == 0) GTEST_SKIP() << cohort::cuda::unavailable_reason();
-    if (!cohort::cuda::device_chosen()) cohort::cuda::use_device(0, "the test");
-  }
+  void SetUp() override { COHORT_REQUIRE_GPU(); }
 };
 
-// Logical NCHW values, held as a dense vector in NCHW order.
-std::vector<float> random_values(size_t n, uint64_t seed, bool bf16) {
-  cohort::CounterRng r(seed);
-  std::vector<float> v(n);
-  for (float& x : v) {
-    x = static_cast<float>(r.uniform() * 2 - 1);
-    if (bf16) x = cohort::bf16_to_f32(cohort::f32_to_bf16(x));
-  }
-  return v;
-}
-
-// A host tensor of `order` with those values, converted to `type`, then moved to the GPU.
-Tensor on_gpu(const std::vector<float>& v, const Shape& s, Order order, DType type) {
-  Tensor host = Tensor::wrap(const_cast<float*>(v.data()), s, DType::f32);
-  Tensor typed = Tensor::empty(s, type, order);
-  typed.copy_(host);
-  return typed.to(Device::cuda);
-}
-
-std::vector<float> from_gpu(const Tensor& t) {
-  Tensor host = t.to(Device::cpu);
-  Tensor f = Tensor::empty(t.shape(), DType::f32);
-  f.copy_(host);
-  return std::vector<float>(f.data<float>(), f.data<float>() + f.numel());
-}
+using cohort::testing::from_gpu;
+using cohort::testing::gpu_test_values;
+using cohort::testing::to_gpu;
 
 struct Case {
   Conv2dOptions o;
@@ -75,11 +49,11 @@ void run(const Case& c, DType type, Order weight_order, double tol) {
   const int N = c.x[0], C = c.x[1], H = c.x[2], W = c.x[3], K = y[1], P = y[2], Q = y[3];
   const int cin = C / o.groups, cout = K / o.groups, R = o.kernel;
   const Shape ws{K, cin, R, R};
-  auto xv = random_values(N * C * H * W, 1, bf16), wv = random_values(K * cin * R * R, 2, bf16),
-       dyv = random_values(N * K * P * Q, 3, bf16);
-  Tensor x = on_gpu(xv, c.x, Order::channels_last, type);
-  Tensor w = on_gpu(wv, ws, weight_order, type);
-  Tensor dy = on_gpu(dyv, y, Order::channels_last, type);
+  auto xv = gpu_test_values(N * C * H * W, 1, bf16), wv = gpu_test_values(K * cin * R * R, 2, bf16),
+       dyv = gpu_test_values(N * K * P * Q, 3, bf16);
+  Tensor x = to_gpu(xv, c.x, Order::channels_last, type);
+  Tensor w = to_gpu(wv, ws, weight_order, type);
+  Tensor dy = to_gpu(dyv, y, Order::channels_last, type);
   Tensor out = Tensor::empty_on(Device::cuda, y, type, Order::channels_last);
   Tensor dx = Tensor::empty_on(Device::cuda, c.x, type, Order::channels_last);
   Tensor dw = Tensor::empty_on(Device::cuda, ws, type, weight_order);

@@ -9,8 +9,7 @@
 
 #include "../../src/nn/cuda/linear_cublaslt.h"
 #include "cohort/core/cuda.h"
-#include "cohort/core/half.h"
-#include "cohort/core/rng.h"
+#include "testing/gpu.h"
 
 namespace {
 
@@ -23,34 +22,14 @@ using cohort::tensor::Tensor;
 
 class LinearGpu : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (cohort::cuda::device_count() == 0) GTEST_SKIP() << cohort::cuda::unavailable_reason();
-    if (!cohort::cuda::device_chosen()) cohort::cuda::use_device(0, "the test");
-  }
+  void SetUp() override { COHORT_REQUIRE_GPU(); }
 };
 
-std::vector<float> values(size_t n, uint64_t seed, bool bf16) {
-  cohort::CounterRng r(seed);
-  std::vector<float> v(n);
-  for (float& x : v) {
-    x = static_cast<float>(r.uniform() * 2 - 1);
-    if (bf16) x = cohort::bf16_to_f32(cohort::f32_to_bf16(x));
-  }
-  return v;
-}
+using cohort::testing::from_gpu;
+using cohort::testing::gpu_test_values;
 
 Tensor on_gpu(const std::vector<float>& v, const Shape& s, DType type) {
-  Tensor host = Tensor::wrap(const_cast<float*>(v.data()), s, DType::f32);
-  Tensor typed = Tensor::empty(s, type);
-  typed.copy_(host);
-  return typed.to(Device::cuda);
-}
-
-std::vector<float> from_gpu(const Tensor& t) {
-  Tensor host = t.to(Device::cpu);
-  Tensor f = Tensor::empty(t.shape(), DType::f32);
-  f.copy_(host);
-  return std::vector<float>(f.data<float>(), f.data<float>() + f.numel());
+  return cohort::testing::to_gpu(v, s, cohort::tensor::Order::contiguous, type);
 }
 
 void compare(const char* what, const std::vector<float>& got, const std::vector<double>& want,
@@ -67,8 +46,9 @@ void run(int N, int in, int out, bool with_bias, DType type, double tol) {
   LinearSettings s;
   s.type = type;
   CublasLtLinear lin(N, in, out, with_bias, s);
-  auto xv = values(size_t(N) * in, 1, bf16), wv = values(size_t(out) * in, 2, bf16),
-       bv = values(out, 3, bf16), dyv = values(size_t(N) * out, 4, bf16);
+  auto xv = gpu_test_values(size_t(N) * in, 1, bf16),
+       wv = gpu_test_values(size_t(out) * in, 2, bf16), bv = gpu_test_values(out, 3, bf16),
+       dyv = gpu_test_values(size_t(N) * out, 4, bf16);
   Tensor x = on_gpu(xv, {N, in}, type), w = on_gpu(wv, {out, in}, type),
          b = on_gpu(bv, {out}, type), dy = on_gpu(dyv, {N, out}, type);
   Tensor y = Tensor::empty_on(Device::cuda, {N, out}, type);
