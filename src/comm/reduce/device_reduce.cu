@@ -1,6 +1,7 @@
 // The device path's reduction kernels (see device_reduce.h).
 #include <cuda_runtime.h>
 
+#include "cohort/core/cuda_launch.h"
 #include "cohort/core/error.h"
 #include "device_math.h"
 #include "device_reduce.h"
@@ -10,13 +11,6 @@ namespace cohort::comm::device {
 namespace {
 
 constexpr int kThreads = 256;
-
-void check_launch(const char* kernel) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    COHORT_THROW("CUDA kernel " << kernel << " failed to launch: " << cudaGetErrorString(e));
-  }
-}
 
 unsigned blocks_for(size_t n) {
   const size_t b = (n + kThreads - 1) / kThreads;
@@ -43,14 +37,14 @@ void launch_reduce(void* dst, const void* a, const void* b, size_t count, DataTy
   if (count == 0) return;
   reduce_kernel<<<blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       dst, a, b, count, t, op);
-  check_launch("reduce");
+  cuda::check_launch("reduce");
 }
 
 void launch_divide(void* x, size_t count, DataType t, int divisor, void* stream) {
   if (count == 0 || divisor == 1) return;
   divide_kernel<<<blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, count, t,
                                                                                        divisor);
-  check_launch("divide");
+  cuda::check_launch("divide");
 }
 
 }  // namespace cohort::comm::device

@@ -2,19 +2,13 @@
 #include <cuda_runtime.h>
 
 #include "augment_kernels.h"
+#include "cohort/core/cuda_launch.h"
 #include "cohort/core/error.h"
 #include "cohort/core/half.h"
 
 namespace cohort::data::kernels {
 
 namespace {
-
-void check_launch(const char* kernel) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    COHORT_THROW("CUDA kernel " << kernel << " failed to launch: " << cudaGetErrorString(e));
-  }
-}
 
 constexpr int kThreads = 256;
 
@@ -103,7 +97,7 @@ void launch_resample(const DeviceSample* samples, int count, int S, int C, float
   if (count == 0) return;
   resample_kernel<<<grid_for(S, C, count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       samples, S, C, planes);
-  check_launch("resample");
+  cuda::check_launch("resample");
 }
 
 void launch_rotate(const DeviceSample* samples, int count, int S, int C, const float* planes,
@@ -111,7 +105,7 @@ void launch_rotate(const DeviceSample* samples, int count, int S, int C, const f
   if (count == 0) return;
   rotate_kernel<<<grid_for(S, C, count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       samples, S, C, planes, out);
-  check_launch("rotate");
+  cuda::check_launch("rotate");
 }
 
 void launch_plane_means(const DeviceSample* samples, int count, int S, int C, const float* planes,
@@ -119,7 +113,7 @@ void launch_plane_means(const DeviceSample* samples, int count, int S, int C, co
   if (count == 0) return;
   means_kernel<<<dim3(C, count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(samples, S, C,
                                                                                    planes, means);
-  check_launch("plane_means");
+  cuda::check_launch("plane_means");
 }
 
 void launch_finish(const DeviceSample* samples, int count, int S, int C, const float* planes,
@@ -127,7 +121,7 @@ void launch_finish(const DeviceSample* samples, int count, int S, int C, const f
   if (count == 0) return;
   finish_kernel<<<grid_for(S, C, count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       samples, S, C, planes, means, type, nhwc, out);
-  check_launch("finish");
+  cuda::check_launch("finish");
 }
 
 }  // namespace cohort::data::kernels

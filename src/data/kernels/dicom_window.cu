@@ -1,6 +1,7 @@
 // The DICOM windowing kernel (see dicom_window.h).
 #include <cuda_runtime.h>
 
+#include "cohort/core/cuda_launch.h"
 #include "cohort/core/error.h"
 #include "dicom_window.h"
 
@@ -23,10 +24,7 @@ void launch_dicom_window(const uint8_t* raw, int width, int height, size_t row_b
   const dim3 grid((width + kThreads - 1) / kThreads, height);
   window_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(raw, width, height,
                                                                           row_bytes, p, lut, out);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    COHORT_THROW("CUDA kernel dicom_window failed to launch: " << cudaGetErrorString(e));
-  }
+  cuda::check_launch("dicom_window");
 }
 
 }  // namespace cohort::data::kernels

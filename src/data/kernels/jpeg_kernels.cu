@@ -2,6 +2,7 @@
 // a thread per pixel for upsampling and colour conversion; the maths is jpeg_math.h's.
 #include <cuda_runtime.h>
 
+#include "cohort/core/cuda_launch.h"
 #include "cohort/core/error.h"
 #include "jpeg_kernels.h"
 #include "jpeg_math.h"
@@ -9,13 +10,6 @@
 namespace cohort::data::kernels {
 
 namespace {
-
-void check_launch(const char* kernel) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    COHORT_THROW("CUDA kernel " << kernel << " failed to launch: " << cudaGetErrorString(e));
-  }
-}
 
 __global__ void idct_kernel(const DeviceJpegImage* images, int count, const int64_t* block_start,
                             int64_t blocks) {
@@ -66,7 +60,7 @@ void launch_jpeg_idct(const DeviceJpegImage* images, int count, const int64_t* b
   const int64_t grid = (blocks + kThreads - 1) / kThreads;
   idct_kernel<<<static_cast<unsigned>(grid), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       images, count, block_start, blocks);
-  check_launch("jpeg_idct");
+  cuda::check_launch("jpeg_idct");
 }
 
 void launch_jpeg_color(const DeviceJpegImage* images, int count, int max_w, int max_h,
@@ -75,7 +69,7 @@ void launch_jpeg_color(const DeviceJpegImage* images, int count, int max_w, int 
   constexpr int kThreads = 128;
   const dim3 grid((max_w + kThreads - 1) / kThreads, max_h, count);
   color_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(images, max_w);
-  check_launch("jpeg_color");
+  cuda::check_launch("jpeg_color");
 }
 
 }  // namespace cohort::data::kernels

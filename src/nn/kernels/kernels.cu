@@ -2,6 +2,7 @@
 // tests check against the CPU engine.
 #include <cuda_runtime.h>
 
+#include "cohort/core/cuda_launch.h"
 #include "cohort/core/error.h"
 #include "kernels.h"
 
@@ -10,13 +11,6 @@ namespace cohort::nn::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-
-void check_launch(const char* kernel) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    COHORT_THROW("CUDA kernel " << kernel << " failed to launch: " << cudaGetErrorString(e));
-  }
-}
 
 int blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
@@ -144,44 +138,44 @@ int chunk_blocks(const DeviceRanges& r) {
 
 void launch_sgd(const DeviceRanges& r, const SgdStep& s, void* stream) {
   sgd_kernel<<<chunk_blocks(r), kThreads, 0, as_stream(stream)>>>(r, s);
-  check_launch("sgd");
+  cuda::check_launch("sgd");
 }
 
 void launch_adamw(const DeviceRanges& r, const AdamWStep& s, void* stream) {
   adamw_kernel<<<chunk_blocks(r), kThreads, 0, as_stream(stream)>>>(r, s);
-  check_launch("adamw");
+  cuda::check_launch("adamw");
 }
 
 void launch_lars(const DeviceRanges& r, const float* trust, const float* weight_decay, float lr,
                  float momentum, void* stream) {
   lars_kernel<<<chunk_blocks(r), kThreads, 0, as_stream(stream)>>>(r, trust, weight_decay, lr,
                                                                    momentum);
-  check_launch("lars");
+  cuda::check_launch("lars");
 }
 
 void launch_softmax_xent(const float* z, const int32_t* labels, int rows, int k, float smoothing,
                          float* prob, double* row_loss, void* stream) {
   softmax_xent_kernel<<<blocks_for(rows), kThreads, 0, as_stream(stream)>>>(
       z, labels, rows, k, smoothing, prob, row_loss);
-  check_launch("softmax_xent");
+  cuda::check_launch("softmax_xent");
 }
 
 void launch_softmax_xent_grad(const float* prob, const int32_t* labels, int rows, int k,
                               float smoothing, float scale, float* dz, void* stream) {
   softmax_xent_grad_kernel<<<blocks_for(static_cast<int64_t>(rows) * k), kThreads, 0,
                              as_stream(stream)>>>(prob, labels, rows, k, smoothing, scale, dz);
-  check_launch("softmax_xent_grad");
+  cuda::check_launch("softmax_xent_grad");
 }
 
 void launch_bce_with_logits(const float* x, const float* t, int64_t m, double* loss, void* stream) {
   bce_kernel<<<blocks_for(m), kThreads, 0, as_stream(stream)>>>(x, t, m, loss);
-  check_launch("bce_with_logits");
+  cuda::check_launch("bce_with_logits");
 }
 
 void launch_bce_with_logits_grad(const float* x, const float* t, int64_t m, float scale, float* dx,
                                  void* stream) {
   bce_grad_kernel<<<blocks_for(m), kThreads, 0, as_stream(stream)>>>(x, t, m, scale, dx);
-  check_launch("bce_with_logits_grad");
+  cuda::check_launch("bce_with_logits_grad");
 }
 
 void launch_bn_apply(const float* x, const float* residual, int64_t m, int c, const float* mean,
@@ -189,14 +183,14 @@ void launch_bn_apply(const float* x, const float* residual, int64_t m, int c, co
                      float* y, void* stream) {
   bn_apply_kernel<<<blocks_for(m * c), kThreads, 0, as_stream(stream)>>>(
       x, residual, m, c, mean, invstd, gamma, beta, relu, y);
-  check_launch("bn_apply");
+  cuda::check_launch("bn_apply");
 }
 
 void launch_unscale(float* g, int64_t n, float inv_scale, unsigned int* overflow, void* stream) {
   overflow_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(g, n, overflow);
-  check_launch("overflow");
+  cuda::check_launch("overflow");
   unscale_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(g, n, inv_scale, overflow);
-  check_launch("unscale");
+  cuda::check_launch("unscale");
 }
 
 }  // namespace cohort::nn::kernels
