@@ -109,9 +109,7 @@ void DeviceAugment::run(const std::vector<DeviceImage>& images,
   if (any_rotation) kernels::launch_rotate(samples, n, S, C, planes, turned, s.handle());
   if (any_jitter) kernels::launch_plane_means(samples, n, S, C, turned, means, s.handle());
   kernels::launch_finish(samples, n, S, C, turned, means, type_, nhwc_, out, s.handle());
-  cuda::Event copied;
-  copied.record(s);
-  copied.synchronize();
+  s.synchronize();
 }
 
 }  // namespace cohort::data

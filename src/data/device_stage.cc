@@ -65,11 +65,10 @@ class CudaStage final : public DeviceStage {
         const auto& d = decoded[next_jpeg++];
         images.push_back(DeviceImage{d.pixels, d.width, d.height, d.channels, 8});
       } else if (it->kind == DeviceItem::Kind::dicom) {
-        // Windowed into the upload area: the windowing's own output is reused per scan.
+        // Windowed straight into the batch's upload area.
         const ImageInfo info = it->dicom->info();
-        const uint16_t* w = dicom_.window(*it->dicom, o_.window, s);
         const size_t bytes = size_t(info.width) * info.height * 2;
-        cuda::copy_on_device(dev + at, w, bytes, s);
+        dicom_.window(*it->dicom, o_.window, reinterpret_cast<uint16_t*>(dev + at), s);
         images.push_back(DeviceImage{dev + at, info.width, info.height, 1, 16});
         at += align256(bytes);
       } else {

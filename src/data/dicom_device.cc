@@ -10,8 +10,8 @@
 
 namespace cohort::data {
 
-const uint16_t* DeviceDicomWindow::window(const DicomPixels& px, std::optional<Window> window,
-                                          const cuda::Stream& s) {
+void DeviceDicomWindow::window(const DicomPixels& px, std::optional<Window> window, uint16_t* out,
+                               const cuda::Stream& s) {
   const StoredPixels& sp = *px.s_;
   const StoredFormat& f = sp.format;
   COHORT_CHECK(f.samples == 1, "DICOM on the device: " << f.samples
@@ -24,8 +24,6 @@ const uint16_t* DeviceDicomWindow::window(const DicomPixels& px, std::optional<W
   const size_t lut_bytes = t.lut.size() * sizeof(uint16_t);
   auto* host = static_cast<uint8_t*>(staging_.reserve(raw_bytes + lut_bytes));
   auto* raw = static_cast<uint8_t*>(raw_.reserve(raw_bytes + lut_bytes));
-  auto* out = static_cast<uint16_t*>(
-      out_.reserve(static_cast<size_t>(f.width) * f.height * sizeof(uint16_t)));
   // The previous call's copy out of the staging buffer must be done before it is written again.
   s.synchronize();
   std::memcpy(host, sp.pixels(), raw_bytes);
@@ -33,7 +31,6 @@ const uint16_t* DeviceDicomWindow::window(const DicomPixels& px, std::optional<W
   cuda::copy_to_device(raw, host, raw_bytes + lut_bytes, s);
   const auto* lut = lut_bytes ? reinterpret_cast<const uint16_t*>(raw + raw_bytes) : nullptr;
   kernels::launch_dicom_window(raw, f.width, f.height, row_bytes, t.p, lut, out, s.handle());
-  return out;
 }
 
 }  // namespace cohort::data

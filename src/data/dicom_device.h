@@ -21,14 +21,14 @@ class DeviceDicomWindow {
   DeviceDicomWindow(const DeviceDicomWindow&) = delete;
   DeviceDicomWindow& operator=(const DeviceDicomWindow&) = delete;
 
-  // The windowed image as DicomPixels::window gives it (grayscale, 16-bit), in device memory
-  // valid until the next call, queued on `s`. `window` overrides the file's. 8-bit RGB files
-  // need no window: they are refused, naming the file's layout (the CPU path takes them).
-  const uint16_t* window(const DicomPixels& px, std::optional<Window> window,
-                         const cuda::Stream& s);
+  // The windowed image as DicomPixels::window gives it (grayscale, 16-bit) into `out`, device
+  // memory of width x height values, queued on `s`. `window` overrides the file's. 8-bit RGB
+  // files need no window: they are refused, naming the file's layout (the CPU path takes them).
+  void window(const DicomPixels& px, std::optional<Window> window, uint16_t* out,
+              const cuda::Stream& s);
 
  private:
-  GrowingBuffer staging_{true}, raw_{false}, out_{false};
+  GrowingBuffer staging_{true}, raw_{false};
 };
 
 }  // namespace cohort::data

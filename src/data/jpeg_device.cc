@@ -84,9 +84,7 @@ std::vector<DeviceJpegDecoder::Decoded> DeviceJpegDecoder::decode(
   kernels::launch_jpeg_idct(images_dev, n, starts_dev, blocks, s.handle());
   kernels::launch_jpeg_color(images_dev, n, max_w, max_h, s.handle());
   // The staging buffer is written again by the next call: wait for the copy out of it.
-  cuda::Event copied;
-  copied.record(s);
-  copied.synchronize();
+  s.synchronize();
   return decoded;
 }
 

@@ -10,6 +10,7 @@
 #include "../../src/data/dicom_device.h"
 #include "cohort/core/cuda.h"
 #include "cohort/data/dicom.h"
+#include "testing/gpu.h"
 
 namespace {
 
@@ -31,8 +32,7 @@ Image stored(int w, int h, int bits, uint32_t seed) {
 }
 
 TEST(DicomGpu, WindowingMatchesTheCpuDecoderAtEveryDepth) {
-  if (cohort::cuda::device_count() == 0) GTEST_SKIP() << cohort::cuda::unavailable_reason();
-  if (!cohort::cuda::device_chosen()) cohort::cuda::use_device(0, "the test");
+  COHORT_REQUIRE_GPU();
   struct Case {
     int bits, stored;
     bool is_signed;
@@ -62,10 +62,12 @@ TEST(DicomGpu, WindowingMatchesTheCpuDecoderAtEveryDepth) {
          {std::optional<Window>(), std::optional<Window>(Window{100, 400}),
           std::optional<Window>(Window{c.dose ? 20.0 : 50.0, 0.5, false})}) {
       const Image want = px.window(w);
-      const uint16_t* got_dev = dev.window(px, w, s);
+      void* got_dev = cohort::cuda::device_malloc(want.data.size());
+      dev.window(px, w, static_cast<uint16_t*>(got_dev), s);
       std::vector<uint8_t> got(want.data.size());
       cohort::cuda::copy_to_host(got.data(), got_dev, got.size(), s);
       s.synchronize();
+      cohort::cuda::device_free(got_dev);
       ASSERT_EQ(got, want.data) << c.bits << "/" << c.stored << " bits"
                                 << (w ? " under a given window" : " under the file's");
     }

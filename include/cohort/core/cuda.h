@@ -80,8 +80,6 @@ void copy_to_host(void* dst, const void* src, size_t bytes, const Stream& s);
 void copy_on_device(void* dst, const void* src, size_t bytes, const Stream& s);
 void memset_on_device(void* dst, int value, size_t bytes, const Stream& s);
 
-// Free and total memory of the current device, as the driver reports them.
-void memory_info(size_t* free_bytes, size_t* total_bytes);
 
 // The raw calls under tensor::DeviceAllocator: cudaMalloc (nullptr when the device is out of
 // memory), cudaFree, events from a pool to mark a stream's work, cudaDeviceSynchronize.

@@ -74,9 +74,6 @@ void copy_on_device(void*, const void*, size_t, const Stream&) {
 void memset_on_device(void*, int, size_t, const Stream&) {
   no_cuda("a memset on the device");
 }
-void memory_info(size_t*, size_t*) {
-  no_cuda("device memory");
-}
 void* device_malloc(size_t) {
   no_cuda("device memory");
 }

@@ -213,11 +213,6 @@ void memset_on_device(void* dst, int value, size_t bytes, const Stream& s) {
   COHORT_CUDA_CALL(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(s.handle())));
 }
 
-void memory_info(size_t* free_bytes, size_t* total_bytes) {
-  current_device();
-  COHORT_CUDA_CALL(cudaMemGetInfo(free_bytes, total_bytes));
-}
-
 void* device_malloc(size_t bytes) {
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);

@@ -43,7 +43,7 @@ Var BatchNorm2d::forward(const Var& x_in) {
   profile::Scope prof("bn.fwd");
   need_value(*w_);
   need_value(*b_);
-  check_device("BatchNorm2d", x_in->value, &w_->value);
+  tensor::require_same_device("BatchNorm2d", "input", x_in->value, "weight", w_->value);
   Tensor x = as_channels_last(x_in, "BatchNorm2d", c_);
   const bool train = training_;
   if (train && cross_rank_sum_) return forward_synced(x_in, x);

@@ -48,7 +48,7 @@ Var Conv2d::forward(const Var& x_in) {
   profile::Scope prof("conv.fwd");
   need_value(*w_);
   if (b_) need_value(*b_);
-  check_device("Conv2d", x_in->value, &w_->value);
+  tensor::require_same_device("Conv2d", "input", x_in->value, "weight", w_->value);
   Tensor x32 = as_channels_last(x_in, "Conv2d", o_.in);
   const DType ct = compute_type();
   const auto cdt = dn::dt(ct);
